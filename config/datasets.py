@@ -1,0 +1,255 @@
+"""The datasets file: what each dataset scrapes, how its records are identified and judged."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+WINDOWS = ("daily", "weekly", "job")
+POLICIES = ("reject", "publish_passing")
+PARSERS = ("number", "integer", "url", "nonempty")
+
+
+class DatasetsFileError(Exception):
+    """The datasets file cannot be used; the message names the file, dataset and field."""
+
+
+@dataclass(frozen=True)
+class Quality:
+    """Acceptance thresholds of one dataset (Cloud's data-quality result counts too)."""
+
+    min_records: int = 1
+    max_failed_pages_percent: float = 5.0
+    max_empty_pages_percent: float = 5.0
+    max_no_value_pages_percent: float = 5.0
+    max_record_drop_percent: float | None = 50.0
+    use_cloud_quality: bool = True
+    consent_markers: tuple[str, ...] = (
+        "before you continue",
+        "accept all cookies",
+        "we use cookies",
+        "are you a robot",
+        "access denied",
+    )
+    parsers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Destination:
+    """Where a dataset's accepted runs are announced: a signed HTTP POST or a file folder."""
+
+    url: str | None = None
+    secret_env: str | None = None
+    path: str | None = None
+
+    @property
+    def key(self) -> str:
+        """A stable name for this destination, used in delivery rows."""
+        return self.url or f"file:{self.path}"
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One dataset: a Cloud sitemap plus identity, window, partitioning and acceptance rules."""
+
+    name: str
+    entity_key: tuple[str, ...]
+    sitemap: str | None = None
+    sitemap_id: int | None = None
+    window: str = "daily"
+    partition: str | None = None
+    required: tuple[str, ...] = ()
+    url_fields: tuple[str, ...] = ()
+    policy: str = "reject"
+    quality: Quality = field(default_factory=Quality)
+    destinations: tuple[Destination, ...] = ()
+
+    def matches_sitemap(self, sitemap_id: int | None, sitemap_name: str | None) -> bool:
+        """Whether a Cloud job of this sitemap belongs to this dataset."""
+        if self.sitemap_id is not None:
+            return sitemap_id == self.sitemap_id
+        return self.sitemap is not None and sitemap_name == self.sitemap
+
+    def window_for(self, created: datetime, job_id: int) -> str:
+        """The collection window a job created at ``created`` falls in."""
+        created = created.astimezone(UTC)
+        if self.window == "daily":
+            return created.strftime("%Y-%m-%d")
+        if self.window == "weekly":
+            year, week, _ = created.isocalendar()
+            return f"{year}-W{week:02d}"
+        return f"job-{job_id}"
+
+    def run_id_for(self, window: str) -> str:
+        """The run id of one intended collection of this dataset."""
+        return f"{self.name}-{window}"
+
+
+@dataclass(frozen=True)
+class Datasets:
+    """All datasets of one deployment, looked up by name or by Cloud sitemap."""
+
+    by_name: Mapping[str, Dataset]
+
+    def __iter__(self) -> Iterator[Dataset]:
+        return iter(self.by_name.values())
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def get(self, name: str) -> Dataset:
+        """The dataset called ``name``, or an error listing the known ones."""
+        try:
+            return self.by_name[name]
+        except KeyError:
+            known = ", ".join(sorted(self.by_name)) or "none"
+            raise DatasetsFileError(f"unknown dataset {name!r} (known: {known})") from None
+
+    def for_sitemap(self, sitemap_id: int | None, sitemap_name: str | None) -> Dataset | None:
+        """The dataset a Cloud sitemap feeds, if any."""
+        for dataset in self.by_name.values():
+            if dataset.matches_sitemap(sitemap_id, sitemap_name):
+                return dataset
+        return None
+
+
+def _strings(where: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise DatasetsFileError(f"{where} must be a string or a list of strings")
+
+
+def _quality(where: str, raw: Any) -> Quality:
+    if raw is None:
+        return Quality()
+    if not isinstance(raw, dict):
+        raise DatasetsFileError(f"{where} must be a table")
+    known = set(Quality.__dataclass_fields__)
+    unknown = set(raw) - known
+    if unknown:
+        raise DatasetsFileError(f"{where} has unknown keys {sorted(unknown)}")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key == "consent_markers":
+            values[key] = tuple(m.lower() for m in _strings(f"{where}.{key}", value))
+        elif key == "parsers":
+            if not isinstance(value, dict) or any(p not in PARSERS for p in value.values()):
+                raise DatasetsFileError(f"{where}.parsers maps fields to one of {PARSERS}")
+            values[key] = dict(value)
+        elif key == "use_cloud_quality":
+            if not isinstance(value, bool):
+                raise DatasetsFileError(f"{where}.{key} must be true or false")
+            values[key] = value
+        else:
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise DatasetsFileError(f"{where}.{key} must be a non-negative number")
+            values[key] = int(value) if key == "min_records" else float(value)
+    return Quality(**values)
+
+
+def _destination(where: str, raw: Any) -> Destination:
+    if not isinstance(raw, dict) or not (raw.get("url") or raw.get("path")):
+        raise DatasetsFileError(f"{where} needs url (signed HTTP POST) or path (file export)")
+    unknown = set(raw) - {"url", "secret_env", "path"}
+    if unknown:
+        raise DatasetsFileError(f"{where} has unknown keys {sorted(unknown)}")
+    if raw.get("url") and not raw.get("secret_env"):
+        raise DatasetsFileError(f"{where} needs secret_env naming the signing secret's variable")
+    return Destination(url=raw.get("url"), secret_env=raw.get("secret_env"), path=raw.get("path"))
+
+
+def _dataset(source: str, name: str, raw: Any) -> Dataset:
+    where = f"{source}: [datasets.{name}]"
+    if not isinstance(raw, dict):
+        raise DatasetsFileError(f"{where} must be a table")
+    allowed = {
+        "sitemap",
+        "sitemap_id",
+        "entity_key",
+        "window",
+        "partition",
+        "required",
+        "url_fields",
+        "policy",
+        "quality",
+        "destinations",
+    }
+    unknown = set(raw) - allowed
+    if unknown:
+        raise DatasetsFileError(f"{where} has unknown keys {sorted(unknown)}")
+    if "entity_key" not in raw:
+        raise DatasetsFileError(f"{where} needs entity_key (the fields that identify a record)")
+    if "sitemap" not in raw and "sitemap_id" not in raw:
+        raise DatasetsFileError(f"{where} needs sitemap (name) or sitemap_id")
+    sitemap_id = raw.get("sitemap_id")
+    if sitemap_id is not None and (isinstance(sitemap_id, bool) or not isinstance(sitemap_id, int)):
+        raise DatasetsFileError(f"{where}.sitemap_id must be a whole number")
+    window = raw.get("window", "daily")
+    if window not in WINDOWS:
+        raise DatasetsFileError(f"{where}.window must be one of {WINDOWS}, got {window!r}")
+    policy = raw.get("policy", "reject")
+    if policy not in POLICIES:
+        raise DatasetsFileError(f"{where}.policy must be one of {POLICIES}, got {policy!r}")
+    partition = raw.get("partition")
+    if partition is not None and not isinstance(partition, str):
+        raise DatasetsFileError(f"{where}.partition must be a field name")
+    entity_key = _strings(f"{where}.entity_key", raw["entity_key"])
+    if any(k.startswith("web-scraper-") for k in entity_key):
+        raise DatasetsFileError(
+            f"{where}.entity_key must use business fields: Cloud's web-scraper-* fields change "
+            "with every job"
+        )
+    url_fields = raw.get("url_fields")
+    destinations = raw.get("destinations", [])
+    if not isinstance(destinations, list):
+        raise DatasetsFileError(f"{where}.destinations must be an array of tables")
+    return Dataset(
+        name=name,
+        entity_key=entity_key,
+        sitemap=raw.get("sitemap"),
+        sitemap_id=sitemap_id,
+        window=window,
+        partition=partition,
+        required=_strings(f"{where}.required", raw.get("required", []))
+        if raw.get("required")
+        else (),
+        url_fields=(
+            _strings(f"{where}.url_fields", url_fields)
+            if url_fields is not None
+            else tuple(k for k in entity_key if k in ("url", "link", "href") or k.endswith("_url"))
+        ),
+        policy=policy,
+        quality=_quality(f"{where}.quality", raw.get("quality")),
+        destinations=tuple(
+            _destination(f"{where}.destinations[{i}]", d) for i, d in enumerate(destinations)
+        ),
+    )
+
+
+def parse_datasets(text: str, *, source: str = "<datasets>") -> Datasets:
+    """Parse a datasets file's TOML text."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise DatasetsFileError(f"{source}: not valid TOML: {exc}") from None
+    tables = doc.get("datasets", {})
+    if not isinstance(tables, dict):
+        raise DatasetsFileError(f"{source}: [datasets] must be a table of tables")
+    return Datasets({name: _dataset(source, name, raw) for name, raw in tables.items()})
+
+
+def load_datasets(path: Path) -> Datasets:
+    """Read the datasets file at ``path``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DatasetsFileError(
+            f"datasets file {path} not found (set SCRAPESYNC_DATASETS to its path)"
+        ) from None
+    return parse_datasets(text, source=str(path))

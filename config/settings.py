@@ -1,0 +1,103 @@
+"""Process settings: one frozen object built from the environment once per process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_DATABASE_URL = "sqlite:///scrapesync.db"
+DEFAULT_API_URL = "https://api.webscraper.io/api/v1/"
+DEFAULT_DATASETS_PATH = "config/datasets.toml"
+
+
+class ConfigError(Exception):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+def normalise_database_url(url: str) -> str:
+    """Map Heroku's ``postgres://`` and plain ``postgresql://`` onto the psycopg 3 driver."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+def _number(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{name} must be positive, got {raw!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a scrapesync process reads from its environment."""
+
+    database_url: str = DEFAULT_DATABASE_URL
+    redis_url: str | None = None
+    api_url: str = DEFAULT_API_URL
+    datasets_path: Path = Path(DEFAULT_DATASETS_PATH)
+    port: int = 5000
+    api_token: str | None = field(default=None, repr=False)
+    webhook_token: str | None = field(default=None, repr=False)
+    status_token: str | None = field(default=None, repr=False)
+    api_budget_limit: int = 200
+    api_budget_window: float = 900.0
+    lease_seconds: float = 300.0
+    sweep_interval: float = 60.0
+    reconcile_interval: float = 900.0
+    max_sync_attempts: int = 12
+    export_dir: Path = Path("exports")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """Read the settings named in DESIGN.md from ``env`` (default: the process environment)."""
+        env = os.environ if env is None else env
+        port_raw = env.get("PORT") or "5000"
+        if not port_raw.isdigit():
+            raise ConfigError(f"PORT must be a whole number, got {port_raw!r}")
+        return cls(
+            database_url=normalise_database_url(env.get("DATABASE_URL") or DEFAULT_DATABASE_URL),
+            redis_url=env.get("REDIS_URL") or None,
+            api_url=env.get("WEBSCRAPER_API_URL") or DEFAULT_API_URL,
+            datasets_path=Path(env.get("SCRAPESYNC_DATASETS") or DEFAULT_DATASETS_PATH),
+            port=int(port_raw),
+            api_token=env.get("WEBSCRAPER_API_TOKEN") or None,
+            webhook_token=env.get("WEBHOOK_TOKEN") or None,
+            status_token=env.get("SCRAPESYNC_STATUS_TOKEN") or None,
+            api_budget_limit=int(_number(env, "SCRAPESYNC_API_BUDGET", 200)),
+            api_budget_window=_number(env, "SCRAPESYNC_API_WINDOW_SECONDS", 900.0),
+            lease_seconds=_number(env, "SCRAPESYNC_LEASE_SECONDS", 300.0),
+            sweep_interval=_number(env, "SCRAPESYNC_SWEEP_SECONDS", 60.0),
+            reconcile_interval=_number(env, "SCRAPESYNC_RECONCILE_SECONDS", 900.0),
+            max_sync_attempts=int(_number(env, "SCRAPESYNC_MAX_SYNC_ATTEMPTS", 12)),
+            export_dir=Path(env.get("SCRAPESYNC_EXPORT_DIR") or "exports"),
+        )
+
+    def require_api_token(self) -> str:
+        """The Cloud API token, or a start-up error naming the variable."""
+        if not self.api_token:
+            raise ConfigError("WEBSCRAPER_API_TOKEN is not set: the worker needs it to read Cloud")
+        return self.api_token
+
+    def require_webhook_token(self) -> str:
+        """The notification URL token, or a start-up error naming the variable."""
+        if not self.webhook_token:
+            raise ConfigError(
+                "WEBHOOK_TOKEN is not set: the web process needs it to accept notifications"
+            )
+        return self.webhook_token
+
+    def require_redis_url(self) -> str:
+        """The Redis URL, or a start-up error naming the variable."""
+        if not self.redis_url:
+            raise ConfigError("REDIS_URL is not set: the worker and the queue need Redis")
+        return self.redis_url

@@ -1,0 +1,1 @@
+"""scrapesync: keeps a database in step with Web Scraper Cloud."""

@@ -1,0 +1,313 @@
+"""The system of record: runs, scraping jobs, the inbox, sync tasks, attempts, observations,
+partition verdicts, the outbox and its deliveries, publications and launches."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware in UTC."""
+    return datetime.now(UTC)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timestamp stored as naive UTC and read back timezone-aware, alike on every database."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are ambiguous; pass a timezone-aware one")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+Payload = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    """Declarative base with constraint names that migrate the same on every database."""
+
+    metadata = MetaData(naming_convention=NAMING)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: Payload}
+
+
+class Run(Base):
+    """One intended collection: a dataset over a collection window."""
+
+    __tablename__ = "runs"
+
+    run_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    dataset: Mapped[str] = mapped_column(String(100), index=True)
+    collection_window: Mapped[str] = mapped_column(String(40))
+    sitemap_id: Mapped[int | None] = mapped_column(BigInteger)
+    sitemap_name: Mapped[str | None] = mapped_column(String(200))
+    config_version: Mapped[str | None] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(20), default="collecting")
+    reasons: Mapped[list[Any]] = mapped_column(Payload, default=list)
+    evaluated_at: Mapped[datetime | None]
+    accepted_at: Mapped[datetime | None]
+    published_at: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    __table_args__ = (UniqueConstraint("dataset", "collection_window"),)
+
+
+class ScrapingJob(Base):
+    """A Cloud scraping job as last read from Cloud."""
+
+    __tablename__ = "scraping_jobs"
+
+    job_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    run_id: Mapped[str | None] = mapped_column(ForeignKey("runs.run_id"), index=True)
+    recovery_batch: Mapped[str | None] = mapped_column(String(200))
+    sitemap_id: Mapped[int | None] = mapped_column(BigInteger)
+    sitemap_name: Mapped[str | None] = mapped_column(String(200))
+    custom_id: Mapped[str | None] = mapped_column(String(200))
+    status: Mapped[str | None] = mapped_column(String(40))
+    jobs_scheduled: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_executed: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_failed: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_empty: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_no_value: Mapped[int] = mapped_column(Integer, default=0)
+    stored_record_count: Mapped[int] = mapped_column(Integer, default=0)
+    time_created: Mapped[datetime | None]
+    first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    data_quality: Mapped[dict[str, Any] | None]
+    problematic_urls: Mapped[list[Any] | None] = mapped_column(Payload)
+
+
+class Notification(Base):
+    """The inbox: every notification Cloud sent, stored raw before anything else happens."""
+
+    __tablename__ = "notifications"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    remote_addr: Mapped[str | None] = mapped_column(String(64))
+    form: Mapped[dict[str, Any]]
+    job_id: Mapped[int | None] = mapped_column(BigInteger, index=True)
+    status: Mapped[str | None] = mapped_column(String(40))
+    task_key: Mapped[str | None] = mapped_column(String(100))
+    outcome: Mapped[str] = mapped_column(String(200), default="stored")
+
+
+class SyncTask(Base):
+    """The wish to have one Cloud job's data in SQL; one per job, stable across retries."""
+
+    __tablename__ = "sync_tasks"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    task_key: Mapped[str] = mapped_column(String(100), unique=True)
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    run_id: Mapped[str | None] = mapped_column(String(200), index=True)
+    state: Mapped[str] = mapped_column(String(20), default="pending", index=True)
+    requested_generation: Mapped[int] = mapped_column(Integer, default=1)
+    claimed_generation: Mapped[int] = mapped_column(Integer, default=0)
+    synced_generation: Mapped[int] = mapped_column(Integer, default=0)
+    attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    lease_owner: Mapped[str | None] = mapped_column(String(200))
+    lease_until: Mapped[datetime | None]
+    lease_token: Mapped[int] = mapped_column(Integer, default=0)
+    enqueued_at: Mapped[datetime | None]
+    last_error_class: Mapped[str | None] = mapped_column(String(100))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Attempt(Base):
+    """One try at a sync task: who, when, what Cloud said, what was written."""
+
+    __tablename__ = "attempts"
+
+    attempt_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    task_key: Mapped[str] = mapped_column(String(100), index=True)
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    generation: Mapped[int] = mapped_column(Integer)
+    lease_token: Mapped[int] = mapped_column(Integer)
+    recovery_batch: Mapped[str | None] = mapped_column(String(200))
+    worker: Mapped[str] = mapped_column(String(200))
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    cloud_status: Mapped[str | None] = mapped_column(String(40))
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(20), default="running")
+    error_class: Mapped[str | None] = mapped_column(String(100))
+    error: Mapped[str | None] = mapped_column(Text)
+    records_read: Mapped[int] = mapped_column(Integer, default=0)
+    inserted: Mapped[int] = mapped_column(Integer, default=0)
+    updated: Mapped[int] = mapped_column(Integer, default=0)
+    unchanged: Mapped[int] = mapped_column(Integer, default=0)
+    missing_key: Mapped[int] = mapped_column(Integer, default=0)
+    duplicate_keys: Mapped[int] = mapped_column(Integer, default=0)
+    conflicting_duplicates: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class Observation(Base):
+    """One real thing seen in one collection window; written once, rewritten only on change."""
+
+    __tablename__ = "observations"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    observation_key: Mapped[str] = mapped_column(String(64), unique=True)
+    dataset: Mapped[str] = mapped_column(String(100))
+    entity_key: Mapped[str] = mapped_column(Text)
+    run_id: Mapped[str] = mapped_column(String(200))
+    collection_window: Mapped[str] = mapped_column(String(40))
+    partition: Mapped[str | None] = mapped_column(String(200))
+    start_url: Mapped[str | None] = mapped_column(Text)
+    payload: Mapped[dict[str, Any]]
+    payload_hash: Mapped[str] = mapped_column(String(64))
+    source_job_id: Mapped[int] = mapped_column(BigInteger)
+    source_attempt_id: Mapped[str] = mapped_column(String(36))
+    validation_state: Mapped[str] = mapped_column(String(20), default="pending")
+    first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (Index("ix_observations_run_partition", "run_id", "partition"),)
+
+
+class PartitionVerdict(Base):
+    """Whether one partition of a run passed acceptance, with the reasons and numbers."""
+
+    __tablename__ = "partition_verdicts"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"))
+    partition: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(20))
+    records: Mapped[int] = mapped_column(Integer, default=0)
+    reasons: Mapped[list[Any]] = mapped_column(Payload, default=list)
+    evaluated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("run_id", "partition"),)
+
+
+class OutboxEvent(Base):
+    """An announcement written in the same transaction as the change it announces."""
+
+    __tablename__ = "outbox"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    event_id: Mapped[str] = mapped_column(String(100), unique=True)
+    run_id: Mapped[str | None] = mapped_column(String(200), index=True)
+    dataset: Mapped[str | None] = mapped_column(String(100))
+    event_type: Mapped[str] = mapped_column(String(50))
+    payload: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    state: Mapped[str] = mapped_column(String(20), default="unsent", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    delivered_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class Delivery(Base):
+    """One outbox event on its way to one destination."""
+
+    __tablename__ = "deliveries"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    event_id: Mapped[str] = mapped_column(ForeignKey("outbox.event_id"))
+    destination: Mapped[str] = mapped_column(String(500))
+    state: Mapped[str] = mapped_column(String(20), default="unsent")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    lease_until: Mapped[datetime | None]
+    delivered_at: Mapped[datetime | None]
+    last_status: Mapped[int | None] = mapped_column(Integer)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+    __table_args__ = (UniqueConstraint("event_id", "destination"),)
+
+
+class Publication(Base):
+    """The published-dataset pointer and its history: one current row per dataset."""
+
+    __tablename__ = "publications"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    dataset: Mapped[str] = mapped_column(String(100))
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"))
+    is_current: Mapped[bool] = mapped_column(Boolean, default=True)
+    published_at: Mapped[datetime] = mapped_column(default=utcnow)
+    superseded_at: Mapped[datetime | None]
+    event_id: Mapped[str | None] = mapped_column(String(100))
+
+    __table_args__ = (
+        Index(
+            "uq_publications_current",
+            "dataset",
+            unique=True,
+            postgresql_where=text("is_current"),
+            sqlite_where=text("is_current"),
+        ),
+    )
+
+
+class Launch(Base):
+    """The intent to start a Cloud job for a run (a launch or a recovery batch), kept before the
+    call so that an uncertain create is never repeated blindly."""
+
+    __tablename__ = "launches"
+
+    batch_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"))
+    kind: Mapped[str] = mapped_column(String(20))
+    partition: Mapped[str | None] = mapped_column(String(200))
+    start_urls: Mapped[list[Any] | None] = mapped_column(Payload)
+    state: Mapped[str] = mapped_column(String(20), default="intended")
+    job_id: Mapped[int | None] = mapped_column(BigInteger)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class MaintenanceRun(Base):
+    """A sweep or reconcile pass and what it found and did."""
+
+    __tablename__ = "maintenance_runs"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(20))
+    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+    summary: Mapped[dict[str, Any]] = mapped_column(Payload, default=dict)
