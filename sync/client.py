@@ -1,0 +1,863 @@
+"""Web Scraper Cloud API client: one httpx.Client, typed errors, retries decided by failure class.
+
+Every failed call to Cloud raises one of these (only the budget's own store, e.g. Redis,
+raises its own errors)::
+
+    CloudError                    status, error, validation_errors, retry_after
+    +-- CloudAuthError            401, 403: the token may not read this; never retried
+    +-- CloudNotFoundError        404: no such job or sitemap; never retried
+    +-- CloudValidationError      422, or a body with validationErrors; never retried
+    +-- CloudRateLimitedError     429: waits Retry-After (seconds or HTTP-date), else
+    |                             X-RateLimit-Reset, else capped full-jitter backoff
+    +-- CloudServerError          5xx: capped full-jitter backoff (idempotent calls only)
+    +-- CloudTransportError       connect errors, resets, timeouts: backoff
+    +-- DownloadIncompleteError   an export cut short; a truncated dataset is never yielded
+    +-- ApiBudgetExhaustedError   the shared local API budget says wait retry_after seconds
+
+Retry contract: `RetryPolicy` alone decides. A retryable failure is retried inline while
+attempts, the elapsed budget and `max_inline_wait` allow; otherwise the last typed error is
+raised with `retry_after` set to the wait it needed, so a sync task can park in retry_wait
+instead of blocking its worker. `retry_after is None` means "do not simply repeat this call":
+a 4xx, or a create_job whose fate is unknown (find the job by custom_id before launching again).
+Downloads are retried only while nothing has been yielded.
+
+Secrecy: the API token is added as the `api_token` query parameter by the innermost transport
+only, so no URL that httpx logs or puts in an exception carries it; messages are redacted as
+well, errors are raised without chaining httpx's exceptions, and a filter on the "httpx" logger
+redacts `api_token=` in any line.
+"""
+
+from __future__ import annotations
+
+import csv
+import email.utils
+import json
+import logging
+import re
+import time
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC
+from random import random as _unit_random
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, Final
+
+import httpx
+
+if TYPE_CHECKING:
+    from sync.budget import ApiBudget
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BASE_URL: Final = "https://api.webscraper.io/api/v1/"
+USER_AGENT: Final = "scrapesync/0.1"
+TERMINAL_STATUSES: Final = frozenset({"finished", "failed", "stopped", "shelved"})
+RUNNING_STATUSES: Final = frozenset(
+    {"waiting-to-be-scheduled", "scheduling", "scheduled", "started", "waiting"}
+)
+
+_TOKEN_IN_TEXT = re.compile(r"(api_token=)[^&\s\"'<>#]*", re.IGNORECASE)
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+
+
+def redact(text: str) -> str:
+    """Replace every `api_token=` query value in text with `***`."""
+    return _TOKEN_IN_TEXT.sub(r"\1***", text)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+class CloudError(Exception):
+    """A Web Scraper Cloud call failed; status, Cloud's error text and a retry hint say how."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        error: str | None = None,
+        validation_errors: Mapping[str, list[str]] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.error = error
+        self.validation_errors: Mapping[str, list[str]] = dict(validation_errors or {})
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        message = super().__str__()
+        if self.retry_after is None:
+            return message
+        return f"{message} (retry after {self.retry_after:.1f} s)"
+
+
+class CloudAuthError(CloudError):
+    """Cloud refused the token for this call (401 or 403)."""
+
+
+class CloudNotFoundError(CloudError):
+    """Cloud has no such scraping job or sitemap (404)."""
+
+
+class CloudValidationError(CloudError):
+    """Cloud rejected the request's fields (422 or a validationErrors body)."""
+
+
+class CloudRateLimitedError(CloudError):
+    """Cloud's per-account rate limit was hit (429)."""
+
+
+class CloudServerError(CloudError):
+    """Cloud failed on its side (5xx)."""
+
+
+class CloudTransportError(CloudError):
+    """The call never got an HTTP answer: connect error, reset or timeout."""
+
+    def __init__(self, message: str, *, request_sent: bool = True) -> None:
+        super().__init__(message)
+        self.request_sent = request_sent
+
+
+class DownloadIncompleteError(CloudError):
+    """An export download ended before its last byte; the records seen so far are not a dataset."""
+
+
+class ApiBudgetExhaustedError(CloudError):
+    """The API budget shared by all processes is spent until retry_after seconds from now."""
+
+    def __init__(self, message: str, *, retry_after: float = 0.0) -> None:
+        super().__init__(message, retry_after=retry_after)
+
+
+# --- retry policy -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long and how often a Cloud call is retried inline, decided by failure class."""
+
+    max_attempts: int = 4
+    max_elapsed: float = 60.0
+    base: float = 0.5
+    cap: float = 30.0
+    max_inline_wait: float = 10.0
+    rate_limit_margin: float = 1.0
+    random: Callable[[], float] = field(default=_unit_random, repr=False, compare=False)
+
+    def delay(self, error: CloudError, attempt: int, *, idempotent: bool = True) -> float | None:
+        """Seconds to wait before retrying after error on 1-based attempt; None: never retry."""
+        if isinstance(error, ApiBudgetExhaustedError):
+            return error.retry_after if error.retry_after is not None else self.backoff(attempt)
+        if isinstance(error, CloudRateLimitedError):
+            # Cloud rejects a throttled call before acting on it, so even a create may repeat.
+            if error.retry_after is not None:
+                return error.retry_after + self.rate_limit_margin
+            return self.backoff(attempt)
+        if isinstance(error, CloudServerError):
+            if not idempotent:
+                return None
+            wait = self.backoff(attempt)
+            return wait if error.retry_after is None else max(wait, error.retry_after)
+        if isinstance(error, CloudTransportError):
+            if not idempotent and error.request_sent:
+                return None
+            return self.backoff(attempt)
+        if isinstance(error, DownloadIncompleteError):
+            return self.backoff(attempt)
+        return None
+
+    def backoff(self, attempt: int) -> float:
+        """Capped full-jitter backoff: uniform(0, min(cap, base * 2**attempt))."""
+        return self.random() * min(self.cap, self.base * 2.0 ** min(attempt, 64))
+
+    def retry_inline(self, wait: float, *, attempt: int, elapsed: float) -> bool:
+        """Whether to sleep wait seconds and try again now, rather than hand the wait back."""
+        return (
+            attempt < self.max_attempts
+            and wait <= self.max_inline_wait
+            and elapsed + wait <= self.max_elapsed
+        )
+
+
+# --- domain values ----------------------------------------------------------------------------
+
+
+def _as_int(value: Any, default: int = 0) -> int:
+    if value is None or value == "":
+        return default
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass(frozen=True)
+class ScrapingJob:
+    """One Cloud scraping job as Cloud reports it now."""
+
+    id: int
+    sitemap_id: int
+    sitemap_name: str
+    status: str
+    custom_id: str | None
+    time_created: int | None
+    jobs_scheduled: int
+    jobs_executed: int
+    jobs_failed: int
+    jobs_empty: int
+    jobs_no_value: int
+    stored_record_count: int
+    scraping_duration: int
+    raw: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_api(cls, data: Mapping[str, Any]) -> ScrapingJob:
+        """Build a scraping job from Cloud's job object; an empty custom_id becomes None."""
+        custom_id = data.get("custom_id")
+        time_created = data.get("time_created")
+        return cls(
+            id=_as_int(data.get("id")),
+            sitemap_id=_as_int(data.get("sitemap_id")),
+            sitemap_name=str(data.get("sitemap_name") or ""),
+            status=str(data.get("status") or ""),
+            custom_id=str(custom_id) if custom_id not in (None, "") else None,
+            time_created=None if time_created in (None, "") else _as_int(time_created),
+            jobs_scheduled=_as_int(data.get("jobs_scheduled")),
+            jobs_executed=_as_int(data.get("jobs_executed")),
+            jobs_failed=_as_int(data.get("jobs_failed")),
+            jobs_empty=_as_int(data.get("jobs_empty")),
+            jobs_no_value=_as_int(data.get("jobs_no_value")),
+            stored_record_count=_as_int(data.get("stored_record_count")),
+            scraping_duration=_as_int(data.get("scraping_duration")),
+            raw=MappingProxyType(dict(data)),
+        )
+
+    @property
+    def is_terminal(self) -> bool:
+        """Cloud has stopped working on the job: finished, failed, stopped or shelved."""
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def is_running(self) -> bool:
+        """The job is queued or scraping; its data is not final yet."""
+        return self.status in RUNNING_STATUSES
+
+
+@dataclass(frozen=True)
+class ProblematicUrl:
+    """A page of a scraping job that came back empty, failed or without values."""
+
+    url: str
+    type: str
+
+
+# --- plumbing ---------------------------------------------------------------------------------
+
+
+class _RedactingFilter(logging.Filter):
+    """Rewrites log records so no `api_token=` value reaches a handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record is the logging module's problem, not ours
+            return True
+        redacted = redact(message)
+        if redacted != message:
+            record.msg = redacted
+            record.args = None
+        return True
+
+
+def _install_log_redaction() -> None:
+    httpx_logger = logging.getLogger("httpx")
+    if not any(isinstance(f, _RedactingFilter) for f in httpx_logger.filters):
+        httpx_logger.addFilter(_RedactingFilter())
+
+
+class _Secret:
+    """The API token, shown as *** wherever it is printed."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def reveal(self) -> str:
+        """The token itself, for the one place that puts it on the wire."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return "'***'"
+
+    __str__ = __repr__
+
+
+class _TokenTransport(httpx.BaseTransport):
+    """Adds api_token on the way to the wire, so no URL above this layer carries the token."""
+
+    def __init__(self, inner: httpx.BaseTransport, token: _Secret) -> None:
+        self._inner = inner
+        self._token = token
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send a copy of the request with api_token set; the caller's request stays clean."""
+        wire = httpx.Request(
+            request.method,
+            request.url.copy_set_param("api_token", self._token.reveal()),
+            headers=request.headers,
+            stream=request.stream,
+            extensions=request.extensions,
+        )
+        return self._inner.handle_request(wire)
+
+    def close(self) -> None:
+        """Close the wrapped transport."""
+        self._inner.close()
+
+    def __repr__(self) -> str:
+        return f"<_TokenTransport api_token=*** inner={type(self._inner).__name__}>"
+
+
+class _Gunzip:
+    """Incremental gzip decoder that can tell a complete stream from one cut short."""
+
+    def __init__(self) -> None:
+        self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        self._started = False
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Decompress one chunk of the wire body (members may follow one another)."""
+        out = bytearray()
+        while chunk:
+            if self._decoder.eof:  # a second gzip member follows the first
+                self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            self._started = True
+            out += self._decoder.decompress(chunk)
+            chunk = self._decoder.unused_data if self._decoder.eof else b""
+        return bytes(out)
+
+    def complete(self) -> bool:
+        """Whether the stream ended on a gzip member's trailer (or never started)."""
+        return not self._started or self._decoder.eof
+
+
+def _header_float(headers: httpx.Headers, name: str) -> float | None:
+    value = headers.get(name)
+    if value is None:
+        return None
+    try:
+        return float(value.strip())
+    except ValueError:
+        return None
+
+
+def _validation_errors(payload: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    raw = payload.get("validationErrors") if payload is not None else None
+    if not isinstance(raw, Mapping):
+        return {}
+    errors: dict[str, list[str]] = {}
+    for key, messages in raw.items():
+        if isinstance(messages, list):
+            errors[str(key)] = [redact(str(m)) for m in messages]
+        else:
+            errors[str(key)] = [redact(str(messages))]
+    return errors
+
+
+def _id(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"Cloud ids are ints, got {value!r}")
+    return value
+
+
+def _is_json(line: str) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+# --- the client -------------------------------------------------------------------------------
+
+
+class CloudClient:
+    """Web Scraper Cloud API over one httpx.Client: typed errors, retries, a shared API budget."""
+
+    def __init__(
+        self,
+        *,
+        token: str,
+        base_url: str = DEFAULT_BASE_URL,
+        transport: httpx.BaseTransport | None = None,
+        budget: ApiBudget | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float = 30.0,
+        download_timeout: float = 600.0,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not token:
+            raise ValueError("a Web Scraper Cloud API token is required")
+        _install_log_redaction()
+        self._secret = _Secret(token)
+        self._budget = budget
+        self._retry = retry if retry is not None else RetryPolicy()
+        self._sleep = sleep
+        self._clock = clock
+        self._download_timeout = httpx.Timeout(timeout, read=download_timeout)
+        self._http = httpx.Client(
+            base_url=base_url,
+            transport=_TokenTransport(
+                transport if transport is not None else httpx.HTTPTransport(), self._secret
+            ),
+            timeout=httpx.Timeout(timeout),
+            headers={"Accept": "application/json, text/javascript, */*", "User-Agent": USER_AGENT},
+            follow_redirects=False,
+        )
+
+    def __repr__(self) -> str:
+        return f"CloudClient(base_url={str(self._http.base_url)!r})"
+
+    def __enter__(self) -> CloudClient:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the HTTP connections."""
+        self._http.close()
+
+    # --- scraping jobs ------------------------------------------------------------------------
+
+    def get_job(self, job_id: int) -> ScrapingJob:
+        """Ask Cloud for one scraping job's current state."""
+        path = f"scraping-job/{_id(job_id)}"
+        return ScrapingJob.from_api(self._object(self._call("GET", path)["data"], "GET", path))
+
+    def iter_jobs(self, *, sitemap_id: int | None = None) -> Iterator[ScrapingJob]:
+        """Every scraping job of the account (or of one sitemap), page by page, each once."""
+        params = {} if sitemap_id is None else {"sitemap_id": f"{_id(sitemap_id)}"}
+        seen: set[int] = set()
+        for item in self._pages("scraping-jobs", params):
+            job = ScrapingJob.from_api(self._object(item, "GET", "scraping-jobs"))
+            if job.id not in seen:  # a job created mid-listing shifts the pages under us
+                seen.add(job.id)
+                yield job
+
+    def create_job(
+        self,
+        *,
+        sitemap_id: int,
+        driver: str = "fulljs",
+        page_load_delay: int = 2000,
+        request_interval: int = 2000,
+        proxy: int | str = 0,
+        start_urls: Sequence[str] | None = None,
+        custom_id: str | None = None,
+    ) -> int:
+        """Start a scraping job and return its id; a 5xx or lost answer is never re-sent."""
+        body: dict[str, Any] = {
+            "sitemap_id": _id(sitemap_id),
+            "driver": driver,
+            "page_load_delay": page_load_delay,
+            "request_interval": request_interval,
+            "proxy": proxy,
+        }
+        if isinstance(start_urls, str):
+            raise TypeError("start_urls is a sequence of URLs, not one string")
+        if start_urls is not None:
+            body["start_urls"] = list(start_urls)
+        if custom_id is not None:
+            body["custom_id"] = custom_id
+        envelope = self._call("POST", "scraping-job", body=body, idempotent=False)
+        data = self._object(envelope["data"], "POST", "scraping-job")
+        job_id = _as_int(data.get("id"))
+        if job_id <= 0:
+            raise CloudError(f"POST scraping-job: HTTP 200 without a job id: {data!r}")
+        return job_id
+
+    def iter_records(self, job_id: int) -> Iterator[dict[str, Any]]:
+        """Stream a scraping job's records from the gzip JSON Lines export, one at a time."""
+        path = f"scraping-job/{_id(job_id)}/json"
+        number = 0
+        for line in self._download_lines(path, final_line_ok=_is_json):
+            number += 1
+            if number == 1:
+                line = line.removeprefix("\ufeff")
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = None
+            if not isinstance(record, dict):
+                raise CloudError(f"GET {path}: line {number} is not a JSON object")
+            yield record
+
+    def iter_csv_rows(self, job_id: int) -> Iterator[dict[str, str]]:
+        """Stream a scraping job's CSV export as rows keyed by its header, BOM stripped."""
+        path = f"scraping-job/{_id(job_id)}/csv"
+        at_end = False  # the reader has taken the export's last line, or all of it
+
+        def texts() -> Iterator[str]:
+            nonlocal at_end
+            first = True
+            for line in self._download_lines(path, final_line_ok=lambda _: True):
+                if first:
+                    line = line.removeprefix("\ufeff")
+                    first = False
+                at_end = not line.endswith("\n")
+                yield line
+            at_end = True
+
+        reader = csv.reader(texts(), strict=True)
+        header: list[str] | None = None
+        while True:
+            problem: str | None = None
+            try:
+                row = next(reader, None)
+            except csv.Error as exc:
+                row, problem = None, str(exc)
+            if problem is not None:
+                if at_end:
+                    raise DownloadIncompleteError(f"GET {path}: export ends inside a row")
+                raise CloudError(f"GET {path}: malformed CSV at line {reader.line_num}: {problem}")
+            if row is None:
+                return
+            if header is None:
+                header = row
+                continue
+            if len(row) != len(header):
+                if at_end:
+                    raise DownloadIncompleteError(f"GET {path}: last row is cut short")
+                raise CloudError(
+                    f"GET {path}: line {reader.line_num} has {len(row)} cells, "
+                    f"header has {len(header)}"
+                )
+            yield dict(zip(header, row, strict=True))
+
+    def iter_problematic_urls(self, job_id: int) -> Iterator[ProblematicUrl]:
+        """Every empty, failed or no-value page of a scraping job, page by page."""
+        path = f"scraping-job/{_id(job_id)}/problematic-urls"
+        for item in self._pages(path, {}):
+            data = self._object(item, "GET", path)
+            yield ProblematicUrl(url=str(data.get("url", "")), type=str(data.get("type", "")))
+
+    def get_data_quality(self, job_id: int) -> dict[str, Any]:
+        """Cloud's data-quality verdict for a finished job (CloudValidationError before then)."""
+        path = f"scraping-job/{_id(job_id)}/data-quality"
+        return self._object(self._call("GET", path)["data"], "GET", path)
+
+    # --- account and sitemaps -----------------------------------------------------------------
+
+    def get_account(self) -> dict[str, Any]:
+        """The account's e-mail, names and remaining page credits."""
+        return self._object(self._call("GET", "account")["data"], "GET", "account")
+
+    def get_sitemap(self, sitemap_id: int) -> dict[str, Any]:
+        """One sitemap: id, name and its JSON definition as a string."""
+        path = f"sitemap/{_id(sitemap_id)}"
+        return self._object(self._call("GET", path)["data"], "GET", path)
+
+    def iter_sitemaps(self) -> Iterator[dict[str, Any]]:
+        """Every sitemap of the account (id and name), page by page."""
+        for item in self._pages("sitemaps", {}):
+            yield self._object(item, "GET", "sitemaps")
+
+    # --- JSON calls ---------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Mapping[str, Any] | None = None,
+        idempotent: bool = True,
+    ) -> dict[str, Any]:
+        started = self._clock()
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return self._call_once(method, path, params=params, body=body)
+            except CloudError as exc:
+                failure = exc
+            wait = self._retry.delay(failure, attempt, idempotent=idempotent)
+            self._wait_or_raise(failure, wait, attempt, started, method, path)
+
+    def _call_once(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None,
+        body: Mapping[str, Any] | None,
+    ) -> dict[str, Any]:
+        self._acquire()
+        request = self._http.build_request(method, path, params=params, json=body)
+        response = self._send(request, method, path, stream=False)
+        self._observe(response)
+        payload = self._payload(response)
+        if response.status_code == 200 and payload is not None and payload.get("success") is True:
+            return payload
+        raise self._error(response, payload, method, path)
+
+    def _pages(self, path: str, params: Mapping[str, str]) -> Iterator[Any]:
+        page = 1
+        while True:
+            envelope = self._call("GET", path, params={**params, "page": str(page)})
+            data = envelope.get("data")
+            if not isinstance(data, list) or not data:
+                return
+            yield from data
+            last_page = _as_int(envelope.get("last_page"), default=page)
+            if page >= last_page:
+                return
+            page += 1
+
+    # --- downloads ----------------------------------------------------------------------------
+
+    def _download_lines(self, path: str, *, final_line_ok: Callable[[str], bool]) -> Iterator[str]:
+        started = self._clock()
+        attempt = 0
+        yielded = False
+        while True:
+            attempt += 1
+            try:
+                for line in self._download_once(path, final_line_ok):
+                    yielded = True
+                    yield line
+                return
+            except CloudError as exc:
+                failure = exc
+            wait = self._retry.delay(failure, attempt)
+            if yielded:  # the caller holds part of a dataset: only it can start over
+                failure.retry_after = wait
+                raise failure
+            self._wait_or_raise(failure, wait, attempt, started, "GET", path)
+
+    def _download_once(self, path: str, final_line_ok: Callable[[str], bool]) -> Iterator[str]:
+        self._acquire()
+        request = self._http.build_request(
+            "GET", path, headers={"Accept-Encoding": "gzip"}, timeout=self._download_timeout
+        )
+        response = self._send(request, "GET", path, stream=True)
+        try:
+            self._observe(response)
+            if response.status_code != 200:
+                payload = self._payload(response)
+                raise self._error(response, payload, "GET", path)
+            yield from self._body_lines(response, path, final_line_ok)
+        finally:
+            response.close()
+
+    def _body_lines(
+        self, response: httpx.Response, path: str, final_line_ok: Callable[[str], bool]
+    ) -> Iterator[str]:
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("gzip", "identity", ""):
+            raise CloudError(f"GET {path}: unexpected Content-Encoding {encoding!r}")
+        gunzip = _Gunzip() if encoding == "gzip" else None
+        length = response.headers.get("Content-Length")
+        expected = int(length) if length is not None and length.isdigit() else None
+        received = 0
+        pending = bytearray()
+        chunks = response.iter_raw()
+        failure: CloudError | None = None
+        while True:
+            try:
+                chunk = next(chunks, None)
+            except (httpx.HTTPError, OSError) as exc:
+                failure = DownloadIncompleteError(
+                    f"GET {path}: connection lost after {received} bytes: "
+                    f"{type(exc).__name__}: {self._scrub(str(exc))}"
+                )
+                break
+            if chunk is None:
+                break
+            received += len(chunk)
+            if gunzip is not None:
+                try:
+                    data = gunzip.feed(chunk)
+                except zlib.error:
+                    failure = DownloadIncompleteError(f"GET {path}: gzip stream is corrupt")
+                    break
+            else:
+                data = chunk
+            pending += data
+            cut = pending.rfind(b"\n")
+            if cut < 0:
+                continue
+            try:  # a block that ends on a line break never splits a UTF-8 character
+                block = pending[: cut + 1].decode("utf-8")
+            except UnicodeDecodeError as exc:
+                failure = CloudError(f"GET {path}: export is not UTF-8 ({exc.reason})")
+                break
+            del pending[: cut + 1]
+            lines = block.split("\n")
+            lines.pop()
+            for line in lines:
+                yield line + "\n"
+        if failure is None and expected is not None and received < expected:
+            failure = DownloadIncompleteError(
+                f"GET {path}: body has {received} of {expected} bytes (Content-Length)"
+            )
+        if failure is None and gunzip is not None and not gunzip.complete():
+            failure = DownloadIncompleteError(f"GET {path}: gzip stream ends early")
+        last = ""
+        if failure is None and pending:
+            try:
+                last = pending.decode("utf-8")
+            except UnicodeDecodeError:
+                failure = DownloadIncompleteError(f"GET {path}: last line ends mid-character")
+        if failure is None and last and not final_line_ok(last):
+            failure = DownloadIncompleteError(f"GET {path}: last line is cut short")
+        if failure is not None:
+            raise failure
+        if last:
+            yield last
+
+    # --- shared steps -------------------------------------------------------------------------
+
+    def _wait_or_raise(
+        self,
+        failure: CloudError,
+        wait: float | None,
+        attempt: int,
+        started: float,
+        method: str,
+        path: str,
+    ) -> None:
+        elapsed = self._clock() - started
+        if wait is None or not self._retry.retry_inline(wait, attempt=attempt, elapsed=elapsed):
+            failure.retry_after = wait
+            raise failure
+        logger.warning(
+            "%s %s: %s; retrying in %.2f s (attempt %d of %d)",
+            method,
+            path,
+            type(failure).__name__,
+            wait,
+            attempt,
+            self._retry.max_attempts,
+        )
+        self._sleep(wait)
+
+    def _acquire(self) -> None:
+        if self._budget is not None:
+            self._budget.acquire()
+
+    def _send(
+        self, request: httpx.Request, method: str, path: str, *, stream: bool
+    ) -> httpx.Response:
+        try:
+            return self._http.send(request, stream=stream)
+        except _NOT_SENT as exc:
+            failure = CloudTransportError(self._describe(method, path, exc), request_sent=False)
+        except (httpx.HTTPError, OSError) as exc:
+            failure = CloudTransportError(self._describe(method, path, exc), request_sent=True)
+        raise failure
+
+    def _observe(self, response: httpx.Response) -> None:
+        if self._budget is None:
+            return
+        remaining = _header_float(response.headers, "X-RateLimit-Remaining")
+        limit = _header_float(response.headers, "X-RateLimit-Limit")
+        reset_at = _header_float(response.headers, "X-RateLimit-Reset")
+        if remaining is None and limit is None and reset_at is None:
+            return
+        self._budget.observe(
+            remaining=None if remaining is None else int(remaining),
+            limit=None if limit is None else int(limit),
+            reset_at=reset_at,
+        )
+
+    def _payload(self, response: httpx.Response) -> dict[str, Any] | None:
+        try:
+            payload = json.loads(response.read())
+        except (httpx.HTTPError, OSError, ValueError):
+            return None
+        return payload if isinstance(payload, dict) else None
+
+    def _error(
+        self,
+        response: httpx.Response,
+        payload: Mapping[str, Any] | None,
+        method: str,
+        path: str,
+    ) -> CloudError:
+        status = response.status_code
+        raw_error = payload.get("error") if payload is not None else None
+        error = self._scrub(str(raw_error)) if raw_error is not None else None
+        validation = _validation_errors(payload)
+        message = f"{method} {path}: HTTP {status}"
+        if status == 200:
+            message += ": success is false" if payload is not None else ": not a JSON envelope"
+        if error:
+            message += f": {error}"
+        for key, messages in validation.items():
+            message += f"; {key}: {' '.join(messages)}"
+        fields: dict[str, Any] = {
+            "status": status,
+            "error": error,
+            "validation_errors": validation,
+            "retry_after": self._server_wait(response.headers),
+        }
+        if status in (401, 403):
+            return CloudAuthError(message, **fields)
+        if status == 404:
+            return CloudNotFoundError(message, **fields)
+        if status == 429:
+            return CloudRateLimitedError(message, **fields)
+        if status >= 500:
+            return CloudServerError(message, **fields)
+        if status == 422 or validation:
+            return CloudValidationError(message, **fields)
+        return CloudError(message, **fields)
+
+    def _server_wait(self, headers: httpx.Headers) -> float | None:
+        """Seconds Cloud asked us to wait: Retry-After (seconds or HTTP-date), else the reset."""
+        retry_after = (headers.get("Retry-After") or "").strip()
+        if retry_after:
+            try:
+                return max(0.0, float(retry_after))
+            except ValueError:
+                pass
+            try:
+                when = email.utils.parsedate_to_datetime(retry_after)
+            except (TypeError, ValueError, IndexError):
+                when = None
+            if when is not None:
+                if when.tzinfo is None:  # "-0000" parses naive; HTTP-dates are GMT
+                    when = when.replace(tzinfo=UTC)
+                return max(0.0, when.timestamp() - self._clock())
+        reset_at = _header_float(headers, "X-RateLimit-Reset")  # sent only once the limit is hit
+        if reset_at is not None:
+            return max(0.0, reset_at - self._clock())
+        return None
+
+    def _object(self, data: Any, method: str, path: str) -> dict[str, Any]:
+        if not isinstance(data, dict):
+            raise CloudError(f"{method} {path}: expected a JSON object, got {type(data).__name__}")
+        return data
+
+    def _describe(self, method: str, path: str, exc: BaseException) -> str:
+        detail = self._scrub(str(exc))
+        kind = type(exc).__name__
+        return f"{method} {path}: {kind}: {detail}" if detail else f"{method} {path}: {kind}"
+
+    def _scrub(self, text: str) -> str:
+        return redact(text).replace(self._secret.reveal(), "***")

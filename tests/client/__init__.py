@@ -1,0 +1,1 @@
+"""Tests of the Web Scraper Cloud client and the shared API budget."""
