@@ -56,6 +56,8 @@ class Settings:
     reconcile_interval: float = 900.0
     max_sync_attempts: int = 12
     export_dir: Path = Path("exports")
+    kill_at: str | None = None
+    kill_once_marker: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -80,6 +82,8 @@ class Settings:
             reconcile_interval=_number(env, "SCRAPESYNC_RECONCILE_SECONDS", 900.0),
             max_sync_attempts=int(_number(env, "SCRAPESYNC_MAX_SYNC_ATTEMPTS", 12)),
             export_dir=Path(env.get("SCRAPESYNC_EXPORT_DIR") or "exports"),
+            kill_at=env.get("SCRAPESYNC_KILL_AT") or None,
+            kill_once_marker=env.get("SCRAPESYNC_KILL_ONCE_MARKER") or None,
         )
 
     def require_api_token(self) -> str:

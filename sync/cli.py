@@ -8,7 +8,8 @@ import click
 
 from config.datasets import DatasetsFileError
 from config.settings import ConfigError, Settings
-from sync import db
+from sync import db, logs
+from sync.bootstrap import Services
 
 
 @click.group()
@@ -53,3 +54,40 @@ def run() -> None:
     except (ConfigError, DatasetsFileError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+
+
+def _services() -> Services:
+    from sync import bootstrap
+
+    return bootstrap.from_env()
+
+
+@main.command("sync")
+@click.argument("job_id", type=int)
+def sync_command(job_id: int) -> None:
+    """Synchronise one Cloud scraping job now, in the foreground."""
+    from sync import store, tasks
+
+    services = _services()
+    logs.configure()
+    with services.uow.begin() as session:
+        wish = store.want_sync(session, job_id, now=services.clock())
+        session.commit()
+    result = tasks.run_sync(services, wish.task_key)
+    if result.outcome == "not_claimed":
+        raise click.ClickException(
+            f"task {wish.task_key} is {result.state} (another worker holds it, or it waits "
+            f"until {result.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC)"
+        )
+    line = f"{wish.task_key}: {result.outcome}"
+    if result.counts is not None:
+        c = result.counts
+        line += (
+            f" run={result.run_id} read={result.records_read} inserted={c.inserted} "
+            f"updated={c.updated} unchanged={c.unchanged} missing_key={result.missing_key}"
+        )
+    if result.error:
+        line += f" ({result.error})"
+    click.echo(line)
+    if result.outcome not in ("committed",):
+        sys.exit(1)

@@ -142,6 +142,7 @@ class SyncTask(Base):
     claimed_generation: Mapped[int] = mapped_column(Integer, default=0)
     synced_generation: Mapped[int] = mapped_column(Integer, default=0)
     attempt_count: Mapped[int] = mapped_column(Integer, default=0)
+    failure_count: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
     lease_owner: Mapped[str | None] = mapped_column(String(200))
     lease_until: Mapped[datetime | None]

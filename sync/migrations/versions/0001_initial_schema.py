@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: (none)
-Create Date: 2026-12-02 15:22:45.108408
+Create Date: 2026-12-02 15:28:10.234653
 """
 
 from __future__ import annotations
@@ -168,6 +168,7 @@ def upgrade() -> None:
         sa.Column("claimed_generation", sa.Integer(), nullable=False),
         sa.Column("synced_generation", sa.Integer(), nullable=False),
         sa.Column("attempt_count", sa.Integer(), nullable=False),
+        sa.Column("failure_count", sa.Integer(), nullable=False),
         sa.Column("next_attempt_at", sa.DateTime(), nullable=False),
         sa.Column("lease_owner", sa.String(length=200), nullable=True),
         sa.Column("lease_until", sa.DateTime(), nullable=True),

@@ -1,0 +1,141 @@
+"""The composition root: builds the wired services that the web app, the worker jobs and the
+CLI all use. Tests build the same object with their own parts."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import httpx
+from redis import Redis
+
+from config.datasets import Datasets, load_datasets
+from config.settings import Settings
+from sync.budget import ApiBudget, MemoryApiBudget, RedisApiBudget, account_key_for
+from sync.client import CloudClient, RetryPolicy
+from sync.db import UnitOfWork, make_engine
+from sync.models import utcnow
+from sync.queue import Dispatcher, RecordingDispatcher, RQDispatcher
+
+
+class KillPoints:
+    """Named places where a test may have the process killed (SIGKILL) to prove crash safety.
+
+    With a marker path the kill happens once: the marker is created just before dying, so the
+    restarted process runs through.
+    """
+
+    def __init__(self, kill_at: str | None = None, *, once_marker: str | None = None) -> None:
+        self.kill_at = kill_at
+        self.once_marker = once_marker
+
+    def reached(self, name: str) -> None:
+        """Die at once if this is the configured kill point."""
+        if self.kill_at != name:
+            return
+        if self.once_marker is not None:
+            try:
+                with open(self.once_marker, "x"):
+                    pass
+            except FileExistsError:
+                return
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass
+class Services:
+    """Everything a use case needs, wired once per process."""
+
+    settings: Settings
+    uow: UnitOfWork
+    datasets: Datasets
+    dispatcher: Dispatcher
+    cloud: Callable[[], CloudClient]
+    redis: Redis | None = None
+    budget: ApiBudget | None = None
+    clock: Callable[[], datetime] = utcnow
+    random: Callable[[], float] = random.random
+    worker_name: str = field(default_factory=lambda: f"{socket.gethostname()}.{os.getpid()}")
+    killpoints: KillPoints = field(default_factory=KillPoints)
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+def worker_retry_policy() -> RetryPolicy:
+    """Inline retries a worker can afford; longer waits park the task in retry_wait."""
+    return RetryPolicy(max_attempts=3, max_elapsed=30.0, max_inline_wait=5.0)
+
+
+def build(
+    settings: Settings,
+    *,
+    datasets: Datasets | None = None,
+    redis: Redis | None = None,
+    dispatcher: Dispatcher | None = None,
+    transport: httpx.BaseTransport | None = None,
+    budget: ApiBudget | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Services:
+    """Wire services from settings; any part may be handed in instead."""
+    uow = UnitOfWork(make_engine(settings.database_url, **(engine_kwargs or {})))
+    if redis is None and settings.redis_url:
+        redis = Redis.from_url(settings.redis_url)
+    if dispatcher is None:
+        dispatcher = RQDispatcher(redis) if redis is not None else RecordingDispatcher()
+    if budget is None and settings.api_token:
+        key = account_key_for(settings.api_token)
+        budget = (
+            RedisApiBudget(
+                redis,
+                account_key=key,
+                limit=settings.api_budget_limit,
+                window=settings.api_budget_window,
+            )
+            if redis is not None
+            else MemoryApiBudget(limit=settings.api_budget_limit, window=settings.api_budget_window)
+        )
+
+    def cloud() -> CloudClient:
+        return CloudClient(
+            token=settings.require_api_token(),
+            base_url=settings.api_url,
+            transport=transport,
+            budget=budget,
+            retry=worker_retry_policy(),
+            sleep=sleep,
+        )
+
+    return Services(
+        settings=settings,
+        uow=uow,
+        datasets=datasets if datasets is not None else load_datasets(settings.datasets_path),
+        dispatcher=dispatcher,
+        cloud=cloud,
+        redis=redis,
+        budget=budget,
+        killpoints=KillPoints(settings.kill_at, once_marker=settings.kill_once_marker),
+    )
+
+
+_process_services: Services | None = None
+
+
+def from_env() -> Services:
+    """The services of this process, built from the environment on first use."""
+    global _process_services
+    if _process_services is None:
+        _process_services = build(Settings.from_env())
+    return _process_services
+
+
+def use(services: Services | None) -> None:
+    """Make ``services`` this process's services (in-process workers, the demo, tests)."""
+    global _process_services
+    _process_services = services

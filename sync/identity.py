@@ -1,0 +1,96 @@
+"""Stable identity of what was scraped: entity keys from business fields, observation keys from
+entity key and collection window, and payload hashes that tell a change from a repeat.
+
+Cloud's ``web-scraper-order`` changes with every job and never takes part in identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from config.datasets import Dataset
+
+META_FIELDS = ("web-scraper-order", "web-scraper-start-url")
+TRACKING_PARAMS = ("utm_", "gclid", "fbclid", "mc_cid", "mc_eid", "_ga")
+
+
+def normalise_url(url: str) -> str:
+    """One spelling per page: lower-case scheme and host, no default port, no fragment, no
+    tracking parameters, sorted query, no trailing slash except the root."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    port = parts.port
+    if port and not ((scheme == "http" and port == 80) or (scheme == "https" and port == 443)):
+        host = f"{host}:{port}"
+    path = parts.path or "/"
+    if len(path) > 1 and path.endswith("/"):
+        path = path.rstrip("/")
+    query = sorted(
+        (k, v)
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        if not k.lower().startswith(TRACKING_PARAMS)
+    )
+    return urlunsplit((scheme, host, path, urlencode(query), ""))
+
+
+def _key_value(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.strip()
+        return value or None
+    if isinstance(value, bool | int | float):
+        return json.dumps(value)
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def entity_key(record: Mapping[str, Any], dataset: Dataset) -> str | None:
+    """The identity of the real thing a record describes, or None when a key field is empty."""
+    values: list[str] = []
+    for name in dataset.entity_key:
+        value = _key_value(record.get(name))
+        if value is None:
+            return None
+        if name in dataset.url_fields:
+            value = normalise_url(value)
+        values.append(value)
+    if len(values) == 1:
+        return values[0]
+    return json.dumps(values, separators=(",", ":"), ensure_ascii=False)
+
+
+def observation_key(dataset: str, window: str, key: str) -> str:
+    """The stable key of one entity in one collection window (64 hex characters)."""
+    return hashlib.sha256(f"{dataset}\x1f{window}\x1f{key}".encode()).hexdigest()
+
+
+def payload_of(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The business fields of a record, without Cloud's per-job meta fields."""
+    return {k: v for k, v in record.items() if k not in META_FIELDS}
+
+
+def canonical_json(payload: Mapping[str, Any]) -> str:
+    """The one JSON spelling of a payload that its hash is taken over."""
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def payload_hash(canonical: str) -> str:
+    """The SHA-256 of a payload's canonical JSON."""
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def partition_of(record: Mapping[str, Any], dataset: Dataset) -> str | None:
+    """The partition a record belongs to: its partition field, else its start URL's host."""
+    if dataset.partition:
+        value = _key_value(record.get(dataset.partition))
+        if value is not None:
+            return value
+    start = record.get("web-scraper-start-url")
+    if isinstance(start, str) and start:
+        return (urlsplit(start).hostname or "").lower() or None
+    return None

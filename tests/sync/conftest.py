@@ -1,0 +1,151 @@
+"""Fixtures for the sync path: the simulator as Cloud, wired services on the real databases."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import httpx
+import pytest
+from flask import Flask
+from redis import Redis
+from rq import SimpleWorker
+
+from config.datasets import Datasets, parse_datasets
+from config.settings import Settings
+from simulator import CloudState
+from simulator import create_app as create_simulator
+from sync import bootstrap
+from sync.bootstrap import Services
+from sync.budget import MemoryApiBudget
+from sync.db import UnitOfWork
+from sync.queue import RQDispatcher
+from webhooks import create_app
+
+API_TOKEN = "sim-token"
+WEBHOOK_TOKEN = "hook-secret-123"
+
+DATASETS_TOML = """
+[datasets.products]
+sitemap = "products"
+entity_key = ["sku"]
+window = "daily"
+partition = "retailer"
+required = ["sku", "price"]
+[datasets.products.quality]
+parsers = { price = "number" }
+"""
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self, start: datetime) -> None:
+        self.now = start
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward."""
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def datasets() -> Datasets:
+    """The test deployment's datasets file."""
+    return parse_datasets(DATASETS_TOML, source="tests")
+
+
+@pytest.fixture
+def cloud() -> Iterator[CloudState]:
+    """A simulated Cloud account with the ``products`` sitemap."""
+    state = CloudState(api_token=API_TOKEN, notify_delays=(0.05, 0.1))
+    state.add_sitemap("products", start_urls=["https://alpha.example/"])
+    yield state
+    state.close()
+
+
+def products_sitemap(cloud: CloudState) -> int:
+    """The id of the ``products`` sitemap."""
+    return next(sid for sid, s in cloud.sitemaps.items() if s.name == "products")
+
+
+@pytest.fixture
+def sleeps() -> list[float]:
+    """The waits the Cloud client asked for (it does not really sleep in tests)."""
+    return []
+
+
+@pytest.fixture
+def services(
+    database_url: str,
+    uow: UnitOfWork,
+    redis_conn: Redis,
+    cloud: CloudState,
+    datasets: Datasets,
+    sleeps: list[float],
+) -> Iterator[Services]:
+    """Services wired to the test database, real Redis and the in-process simulator."""
+    settings = Settings(
+        database_url=database_url,
+        redis_url=None,
+        api_url="http://cloud.test/api/v1/",
+        api_token=API_TOKEN,
+        webhook_token=WEBHOOK_TOKEN,
+        lease_seconds=60.0,
+    )
+    built = bootstrap.build(
+        settings,
+        datasets=datasets,
+        redis=redis_conn,
+        transport=httpx.WSGITransport(app=create_simulator(cloud)),
+        budget=MemoryApiBudget(limit=1000, window=900.0),
+        sleep=sleeps.append,
+    )
+    built.uow = uow
+    bootstrap.use(built)
+    yield built
+    bootstrap.use(None)
+
+
+@pytest.fixture
+def web(services: Services) -> Flask:
+    """The web process's Flask app on the same services."""
+    app = create_app(services)
+    app.testing = True
+    return app
+
+
+def notify(web: Flask, job_id: int, status: str = "finished", **extra: str) -> Any:
+    """Post a Cloud-shaped notification to the web app."""
+    form = {
+        "scrapingjob_id": str(job_id),
+        "status": status,
+        "sitemap_id": "1",
+        "sitemap_name": "products",
+        "custom_id": "",
+        **extra,
+    }
+    return web.test_client().post(f"/webhooks/webscraper/{WEBHOOK_TOKEN}", data=form)
+
+
+def drain(services: Services) -> int:
+    """Run every queued RQ job in this process, as a worker would; returns how many ran."""
+    dispatcher = services.dispatcher
+    assert isinstance(dispatcher, RQDispatcher)
+    worker = SimpleWorker(
+        [dispatcher.queue], connection=dispatcher.redis, serializer=dispatcher.queue.serializer
+    )
+    ran = 0
+    while dispatcher.queue.count:
+        ran += dispatcher.queue.count
+        worker.work(burst=True)
+    return ran
+
+
+def with_clock(services: Services, clock: Callable[[], datetime]) -> Services:
+    """The same services seen through another clock."""
+    return replace(services, clock=clock)

@@ -1,0 +1,451 @@
+"""The sync task: one correct copy of a job's data, whatever is repeated, refused or cut."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+from flask import Flask
+from sqlalchemy import func, select
+
+from simulator import CloudState
+from sync import store, sweeper, tasks
+from sync.bootstrap import Services
+from sync.models import Attempt, Observation, Run, SyncTask
+from sync.queue import RQDispatcher
+from tests.sync.conftest import drain, notify, products_sitemap
+
+pytestmark = pytest.mark.redis
+
+
+def _task(services: Services, key: str) -> SimpleNamespace:
+    with services.uow.begin() as session:
+        row = (
+            session.execute(select(SyncTask.__table__).where(SyncTask.task_key == key))
+            .mappings()
+            .one()
+        )
+        return SimpleNamespace(**row)
+
+
+def _attempts(services: Services, key: str) -> list[SimpleNamespace]:
+    with services.uow.begin() as session:
+        rows = (
+            session.execute(
+                select(Attempt.__table__)
+                .where(Attempt.task_key == key)
+                .order_by(Attempt.started_at)
+            )
+            .mappings()
+            .all()
+        )
+        return [SimpleNamespace(**r) for r in rows]
+
+
+def _observations(services: Services) -> int:
+    with services.uow.begin() as session:
+        return store.count_rows(session, Observation)
+
+
+def _finished_job(cloud: CloudState, n: int = 30, *, start: int = 0) -> int:
+    job_id = cloud.create_job(products_sitemap(cloud))
+    cloud.set_generated(job_id, n, start=start)
+    cloud.run_job(job_id)
+    return job_id
+
+
+def test_a_finished_job_is_synced_into_observations(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Notification, then a worker: every record becomes one observation of its run."""
+    job_id = _finished_job(cloud, n=30)
+    notify(web, job_id)
+    drain(services)
+    task = _task(services, f"job-{job_id}")
+    assert (task.state, task.synced_generation) == ("committed", 1)
+    (attempt,) = _attempts(services, f"job-{job_id}")
+    assert (attempt.outcome, attempt.records_read, attempt.inserted) == ("committed", 30, 30)
+    assert attempt.cloud_status == "finished"
+    assert _observations(services) == 30
+    with services.uow.begin() as session:
+        run = session.execute(select(Run)).scalar_one()
+        assert run.dataset == "products"
+        assert run.run_id == f"products-{run.collection_window}"
+        assert store.count_rows(session, Observation, Observation.run_id == run.run_id) == 30
+        partitions = session.execute(select(func.count(func.distinct(Observation.partition))))
+        assert partitions.scalar_one() == 3
+
+
+def test_fifty_concurrent_duplicate_notifications_make_one_sync(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """50 simultaneous deliveries of one notification: one attempt, one observation per entity."""
+    job_id = _finished_job(cloud, n=40)
+    barrier = threading.Barrier(50)
+    codes: list[int] = []
+
+    def deliver() -> None:
+        client = web.test_client()
+        barrier.wait()
+        codes.append(notify(web, job_id).status_code if client else 0)
+
+    threads = [threading.Thread(target=deliver) for _ in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert codes == [200] * 50
+    drain(services)
+    assert [a.outcome for a in _attempts(services, f"job-{job_id}")] == ["committed"]
+    assert _observations(services) == 40
+
+
+def test_a_repeat_sync_of_unchanged_data_rewrites_nothing(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A second notification after the commit syncs again, finds every payload unchanged and
+    leaves the rows untouched."""
+    job_id = _finished_job(cloud, n=25)
+    notify(web, job_id)
+    drain(services)
+    with services.uow.begin() as session:
+        before = dict(
+            session.execute(select(Observation.observation_key, Observation.last_changed_at)).all()
+        )
+    notify(web, job_id)
+    drain(services)
+    _first, second = _attempts(services, f"job-{job_id}")
+    assert (second.inserted, second.updated, second.unchanged) == (0, 0, 25)
+    assert _task(services, f"job-{job_id}").synced_generation == 2
+    with services.uow.begin() as session:
+        after = dict(
+            session.execute(select(Observation.observation_key, Observation.last_changed_at)).all()
+        )
+    assert after == before
+
+
+def test_continue_after_a_commit_adds_the_new_records_and_duplicates_nothing(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Cloud's "Continue" re-finishes the same job id; its notification makes a new sync that
+    adds the extra records and leaves the rest alone."""
+    job_id = _finished_job(cloud, n=20)
+    notify(web, job_id)
+    drain(services)
+    extra = [
+        {
+            "sku": f"EXTRA-{i}",
+            "title": "t",
+            "price": "1.00",
+            "url": "https://alpha.example/x",
+            "retailer": "alpha.example",
+        }
+        for i in range(5)
+    ]
+    cloud.continue_job(job_id, extra_records=extra)
+    cloud.finish_job(job_id)
+    notify(web, job_id)
+    drain(services)
+    second = _attempts(services, f"job-{job_id}")[-1]
+    assert (second.inserted, second.updated, second.unchanged) == (5, 0, 20)
+    assert _observations(services) == 25
+
+
+def test_a_notification_during_a_lease_asks_for_one_more_sync(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A "Continue" that lands while a worker holds the lease is not lost: the task goes back to
+    pending after the commit and syncs again."""
+    job_id = _finished_job(cloud, n=10)
+    notify(web, job_id)
+    key = f"job-{job_id}"
+    with services.uow.begin() as session:
+        lease = store.claim(session, key, owner="w1", lease_seconds=60, now=services.clock())
+        session.commit()
+    assert lease is not None
+    notify(web, job_id)  # arrives mid-lease
+    assert _task(services, key).requested_generation == 2
+    with services.cloud() as client:
+        job = client.get_job(job_id)
+        target = tasks.resolve_target(services, job)
+        result = tasks._import(services, client, lease, job, target)
+    assert result.state == "pending"
+    drain(services)
+    task = _task(services, key)
+    assert (task.state, task.synced_generation) == ("committed", 2)
+
+
+def test_a_job_still_running_waits_and_its_notification_wakes_it(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A job that is not finished is not imported; the task waits, then syncs on the real
+    notification."""
+    job_id = cloud.create_job(products_sitemap(cloud))
+    cloud.set_generated(job_id, 12)
+    cloud.start_job(job_id)
+    notify(web, job_id, status="started")
+    drain(services)
+    task = _task(services, f"job-{job_id}")
+    assert (task.state, task.last_error_class) == ("retry_wait", "JobNotFinishedError")
+    assert task.next_attempt_at > services.clock() + timedelta(seconds=30)
+    assert _observations(services) == 0
+    cloud.finish_job(job_id)
+    notify(web, job_id)
+    drain(services)
+    assert _task(services, f"job-{job_id}").state == "committed"
+    assert _observations(services) == 12
+
+
+@pytest.mark.parametrize(
+    ("status", "state"), [(401, "quarantined"), (403, "quarantined"), (404, "gone")]
+)
+def test_jobs_that_cannot_be_read_are_quarantined_or_gone_with_the_reason(
+    web: Flask, services: Services, cloud: CloudState, status: int, state: str
+) -> None:
+    """401/403 quarantine the task, 404 ends it; both keep the reason and are not retried."""
+    job_id = _finished_job(cloud, n=5)
+    cloud.inject_fault("status", path_contains=f"scraping-job/{job_id}", times=5, status=status)
+    notify(web, job_id)
+    drain(services)
+    task = _task(services, f"job-{job_id}")
+    assert task.state == state
+    assert str(status) in task.last_error
+    (attempt,) = _attempts(services, f"job-{job_id}")
+    assert (attempt.outcome, attempt.http_status) == (state, status)
+
+
+def test_a_sitemap_with_no_dataset_is_quarantined_with_a_clear_reason(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A job of an unconfigured sitemap is quarantined with the sitemap named, not a crash."""
+    other = cloud.add_sitemap("unknown-sitemap")
+    job_id = cloud.create_job(other)
+    cloud.run_job(job_id, n=3)
+    notify(web, job_id)
+    drain(services)
+    task = _task(services, f"job-{job_id}")
+    assert task.state == "quarantined"
+    assert "unknown-sitemap" in task.last_error
+    assert "datasets file" in task.last_error
+
+
+@pytest.mark.parametrize("retry_after_format", ["seconds", "http-date"])
+def test_a_429_with_retry_after_parks_the_task_for_that_long(
+    web: Flask,
+    services: Services,
+    cloud: CloudState,
+    sleeps: list[float],
+    retry_after_format: str,
+) -> None:
+    """After a 429 the shared budget holds every call until Cloud's reset, so Cloud is asked
+    once, and the task waits out Retry-After (seconds or an HTTP-date) in retry_wait."""
+    job_id = _finished_job(cloud, n=5)
+    cloud.retry_after_format = retry_after_format
+    cloud.inject_fault(
+        "rate_limit", path_contains=f"scraping-job/{job_id}", times=10, retry_after=3
+    )
+    notify(web, job_id)
+    before = services.clock()
+    drain(services)
+    task = _task(services, f"job-{job_id}")
+    assert (task.state, task.last_error_class) == ("retry_wait", "ApiBudgetExhaustedError")
+    wait = (task.next_attempt_at - before).total_seconds()
+    assert 2.0 <= wait <= 5.0
+    assert cloud.requests.count(("GET", f"/api/v1/scraping-job/{job_id}")) == 1
+    assert task.failure_count == 0  # a rate limit is not the job's fault
+
+
+def test_503s_back_off_and_a_later_attempt_commits(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Server errors put the task in retry_wait with backoff; once Cloud recovers it commits."""
+    job_id = _finished_job(cloud, n=8)
+    cloud.inject_fault("status", path_contains=f"scraping-job/{job_id}", times=3, status=503)
+    notify(web, job_id)
+    drain(services)
+    key = f"job-{job_id}"
+    task = _task(services, key)
+    assert (task.state, task.failure_count, task.last_error_class) == (
+        "retry_wait",
+        1,
+        "CloudServerError",
+    )
+    assert _attempts(services, key)[0].http_status == 503
+    later = tasks.run_sync(_at(services, task.next_attempt_at + timedelta(seconds=1)), key)
+    assert later.outcome == "committed"
+    assert _observations(services) == 8
+
+
+def test_a_connection_reset_is_retried(web: Flask, services: Services, cloud: CloudState) -> None:
+    """A reset before any answer is a transport failure, retried inline and then by the task."""
+    job_id = _finished_job(cloud, n=4)
+    cloud.inject_fault("reset", path_contains=f"scraping-job/{job_id}", times=10)
+    notify(web, job_id)
+    drain(services)
+    task = _task(services, f"job-{job_id}")
+    assert (task.state, task.last_error_class) == ("retry_wait", "CloudTransportError")
+
+
+def test_a_cut_download_writes_nothing_and_the_retry_completes(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A download cut mid-stream rolls the whole import back; the next attempt imports all."""
+    job_id = _finished_job(cloud, n=500)
+    cloud.inject_fault("cut", path_contains=f"{job_id}/json", times=10, after_bytes=20_000)
+    notify(web, job_id)
+    drain(services)
+    key = f"job-{job_id}"
+    task = _task(services, key)
+    assert (task.state, task.last_error_class) == ("retry_wait", "DownloadIncompleteError")
+    assert _observations(services) == 0
+    cloud.clear_faults()
+    result = tasks.run_sync(_at(services, task.next_attempt_at + timedelta(seconds=1)), key)
+    assert result.outcome == "committed"
+    assert _observations(services) == 500
+
+
+def test_a_task_that_keeps_failing_ends_dead(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """When the retry budget is spent the task is dead, with its last error kept."""
+    import dataclasses
+
+    job_id = _finished_job(cloud, n=2)
+    cloud.inject_fault("status", path_contains=f"scraping-job/{job_id}", times=100, status=500)
+    budget = dataclasses.replace(
+        services, settings=dataclasses.replace(services.settings, max_sync_attempts=2)
+    )
+    key = f"job-{job_id}"
+    notify(web, job_id)
+    first = tasks.run_sync(budget, key)
+    assert first.outcome == "retry_wait"
+    second = tasks.run_sync(_at(budget, first.next_attempt_at + timedelta(seconds=1)), key)
+    assert second.outcome == "dead"
+    assert _task(services, key).last_error_class == "CloudServerError"
+
+
+def test_records_without_their_key_fields_are_counted_not_stored(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A record missing its entity key is reported on the attempt, never silently dropped."""
+    job_id = cloud.create_job(products_sitemap(cloud))
+    records = [{"sku": f"S{i}", "price": "1", "retailer": "a"} for i in range(4)]
+    records += [{"sku": "", "price": "2", "retailer": "a"}, {"price": "3", "retailer": "a"}]
+    cloud.run_job(job_id, records=records)
+    notify(web, job_id)
+    drain(services)
+    (attempt,) = _attempts(services, f"job-{job_id}")
+    assert (attempt.records_read, attempt.inserted, attempt.missing_key) == (6, 4, 2)
+
+
+def test_duplicate_entity_keys_in_one_job_are_stored_once_and_counted(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Two records of one entity make one observation; differing payloads are flagged."""
+    job_id = cloud.create_job(products_sitemap(cloud))
+    records = [
+        {"sku": "A", "price": "1", "retailer": "r"},
+        {"sku": "A", "price": "2", "retailer": "r"},
+        {"sku": "B", "price": "3", "retailer": "r"},
+        {"sku": "B", "price": "3", "retailer": "r"},
+    ]
+    cloud.run_job(job_id, records=records)
+    notify(web, job_id)
+    drain(services)
+    (attempt,) = _attempts(services, f"job-{job_id}")
+    assert (attempt.inserted, attempt.duplicate_keys, attempt.conflicting_duplicates) == (2, 2, 1)
+    with services.uow.begin() as session:
+        price = session.execute(
+            select(Observation.payload).where(Observation.entity_key == "A")
+        ).scalar_one()["price"]
+    assert price == "2"  # the last record of a key wins
+
+
+def test_a_stale_lease_holder_cannot_commit(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Worker A's lease expires mid-import and worker B claims the task: A's transaction rolls
+    back and writes nothing; B's copy is the only one."""
+    import dataclasses
+
+    job_id = _finished_job(cloud, n=30)
+    key = f"job-{job_id}"
+    notify(web, job_id)
+    outcomes: list[str] = []
+    later = _at(services, services.clock() + timedelta(seconds=120))
+    b = dataclasses.replace(later, worker_name="worker-b")
+    worker_b = threading.Thread(target=lambda: outcomes.append(tasks.run_sync(b, key).outcome))
+
+    class ClaimByB:
+        """At A's mid-upsert, B (whose clock says A's lease expired) claims the task."""
+
+        def reached(self, name: str) -> None:
+            if name != "mid-upsert":
+                return
+            worker_b.start()
+            for _ in range(500):
+                if _task(services, key).lease_owner == "worker-b":
+                    return
+                time.sleep(0.01)
+            raise AssertionError("worker B never claimed the task")
+
+    a = dataclasses.replace(services, worker_name="worker-a", killpoints=ClaimByB())  # type: ignore[arg-type]
+    result = tasks.run_sync(a, key)
+    worker_b.join(timeout=30)
+    assert outcomes == ["committed"]
+    assert result.outcome == "stale"
+    assert _observations(services) == 30
+    by_worker = {x.worker: x for x in _attempts(services, key)}
+    assert by_worker["worker-a"].outcome == "stale"
+    assert by_worker["worker-b"].outcome == "committed"
+    with services.uow.begin() as session:
+        sources = set(session.execute(select(Observation.source_attempt_id)).scalars())
+    assert sources == {by_worker["worker-b"].attempt_id}
+
+
+def test_the_sweeper_requeues_pending_tasks_after_redis_is_flushed(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Redis loses every queued job; the sweeper finds the pending tasks in SQL and queues them;
+    sweeping again queues nothing more."""
+    jobs = [_finished_job(cloud, n=3, start=3 * k) for k in range(3)]
+    for job_id in jobs:
+        notify(web, job_id)
+    dispatcher = services.dispatcher
+    assert isinstance(dispatcher, RQDispatcher)
+    dispatcher.redis.flushdb()
+    assert dispatcher.queue.count == 0
+    report = sweeper.sweep(services)
+    assert (report.due, report.enqueued) == (3, 3)
+    assert sweeper.sweep(services).enqueued == 0
+    drain(services)
+    assert {_task(services, f"job-{j}").state for j in jobs} == {"committed"}
+    assert _observations(services) == 9
+
+
+def test_the_sweeper_returns_expired_leases_to_the_queue(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A task whose worker died holding the lease is queued again once the lease expires."""
+    job_id = _finished_job(cloud, n=3)
+    key = f"job-{job_id}"
+    notify(web, job_id)
+    with services.uow.begin() as session:
+        assert store.claim(session, key, owner="dead-worker", lease_seconds=5, now=services.clock())
+        session.commit()
+    services.dispatcher.redis.flushdb()  # type: ignore[attr-defined]
+    assert sweeper.sweep(services).enqueued == 0  # lease still live
+    later = _at(services, services.clock() + timedelta(seconds=10))
+    assert sweeper.sweep(later).enqueued == 1
+    assert tasks.run_sync(later, key).outcome == "committed"
+    outcomes = [a.outcome for a in _attempts(services, key)]
+    assert outcomes == ["abandoned", "committed"]
+
+
+def _at(services: Services, moment: object) -> Services:
+    import dataclasses
+
+    return dataclasses.replace(services, clock=lambda: moment)  # type: ignore[arg-type,return-value]
