@@ -1,0 +1,127 @@
+"""Fixtures for the simulator's contract tests: a state on a fake clock, clients, a receiver."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from flask import Flask, request
+
+from simulator import CloudState, SimServer, create_app, serve
+
+TOKEN = "sim-token"
+START = 1_700_000_000.0
+
+
+@dataclass
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    now: float = START
+
+    def __call__(self) -> float:
+        """Return the current fake time."""
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward."""
+        self.now += seconds
+
+
+@dataclass
+class Receiver:
+    """A notification endpoint that answers scripted statuses and records what arrived."""
+
+    statuses: list[int] = field(default_factory=list)
+    delay: float = 0.0
+    arrivals: list[tuple[float, dict[str, str]]] = field(default_factory=list)
+
+    def app(self) -> Flask:
+        """Build the receiving WSGI app."""
+        app = Flask("receiver")
+
+        @app.post("/hook/<token>")
+        def hook(token: str) -> tuple[str, int]:
+            """Record a notification and answer the next scripted status."""
+            self.arrivals.append((time.monotonic(), request.form.to_dict()))
+            if self.delay:
+                time.sleep(self.delay)
+            status = self.statuses.pop(0) if self.statuses else 200
+            return "ok", status
+
+        return app
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    """A fake clock for rate windows and timestamps."""
+    return FakeClock()
+
+
+@pytest.fixture
+def receiver() -> Receiver:
+    """A notification receiver that succeeds unless told otherwise."""
+    return Receiver()
+
+
+@pytest.fixture
+def state(clock: FakeClock, receiver: Receiver) -> Iterator[CloudState]:
+    """A simulated account on the fake clock, notifying the receiver with tiny retry delays."""
+    sim = CloudState(
+        api_token=TOKEN,
+        clock=clock,
+        notify_url="http://receiver/hook/secret",
+        notify_delays=(0.05, 0.1),
+        notify_timeout=2.0,
+        notify_transport=httpx.WSGITransport(app=receiver.app()),
+    )
+    yield sim
+    sim.close()
+
+
+@pytest.fixture
+def client(state: CloudState) -> Iterator[httpx.Client]:
+    """An API client talking to the simulator in-process, token attached."""
+    with httpx.Client(
+        transport=httpx.WSGITransport(app=create_app(state)),
+        base_url="http://sim/api/v1/",
+        params={"api_token": TOKEN},
+    ) as http:
+        yield http
+
+
+@pytest.fixture
+def sitemap_id(state: CloudState) -> int:
+    """A sitemap named "products" starting at https://shop.example/."""
+    return state.add_sitemap("products", start_urls=["https://shop.example/"])
+
+
+@pytest.fixture
+def make_job(state: CloudState, sitemap_id: int) -> Callable[..., int]:
+    """Create jobs for the "products" sitemap."""
+
+    def make(**options: Any) -> int:
+        """Create one job with these options; return its id."""
+        return state.create_job(sitemap_id, **options)
+
+    return make
+
+
+@pytest.fixture
+def server(state: CloudState) -> Iterator[SimServer]:
+    """The simulator served on a real loopback socket."""
+    with serve(state) as running:
+        yield running
+
+
+@pytest.fixture
+def socket_client(server: SimServer) -> Iterator[httpx.Client]:
+    """An API client talking to the simulator over loopback, token attached."""
+    with httpx.Client(
+        base_url=server.api_url, params={"api_token": TOKEN}, timeout=5.0, trust_env=False
+    ) as http:
+        yield http
