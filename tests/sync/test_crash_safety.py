@@ -1,0 +1,210 @@
+"""Crash safety with real processes: workers and the web process are SIGKILLed at named points
+and what they leave behind is recovered without losing a task or duplicating a record."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from flask import Flask
+from sqlalchemy import select
+
+from simulator import CloudState, serve
+from simulator.server import SimServer
+from sync import sweeper
+from sync.bootstrap import Services
+from sync.models import Attempt, Notification, Observation, SyncTask
+from sync.store import count_rows
+from tests.conftest import REDIS_URL
+from tests.sync.conftest import API_TOKEN, DATASETS_TOML, WEBHOOK_TOKEN, notify, products_sitemap
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
+
+BIN = Path(sys.executable).parent
+RECORDS = 6000  # more than one staging batch, so "mid-download" lands inside the stream
+
+
+@pytest.fixture
+def sim(cloud: CloudState) -> Iterator[SimServer]:
+    """The simulator on a loopback socket, as a worker process would reach Cloud."""
+    with serve(cloud, host="127.0.0.1", port=0) as server:
+        yield server
+
+
+@pytest.fixture
+def env(tmp_path: Path, database_url: str, sim: SimServer) -> dict[str, str]:
+    """The environment of a worker or web process of this deployment."""
+    datasets = tmp_path / "datasets.toml"
+    datasets.write_text(DATASETS_TOML)
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "DATABASE_URL": database_url,
+        "REDIS_URL": REDIS_URL,
+        "WEBSCRAPER_API_URL": sim.api_url,
+        "WEBSCRAPER_API_TOKEN": API_TOKEN,
+        "WEBHOOK_TOKEN": WEBHOOK_TOKEN,
+        "SCRAPESYNC_DATASETS": str(datasets),
+        "SCRAPESYNC_LEASE_SECONDS": "2",
+    }
+
+
+def run_worker(env: dict[str, str], kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run the Procfile's worker in burst mode until the queue is empty."""
+    extra = {"SCRAPESYNC_KILL_AT": kill_at} if kill_at else {}
+    return subprocess.run(
+        [
+            str(BIN / "rq"),
+            "worker",
+            "--burst",
+            "--worker-class",
+            "sync.worker.SyncWorker",
+            "--serializer",
+            "rq.serializers.JSONSerializer",
+            "--url",
+            REDIS_URL,
+            "scrapesync",
+        ],
+        env={**env, **extra},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def _task(services: Services, key: str) -> SimpleNamespace:
+    with services.uow.begin() as session:
+        row = (
+            session.execute(select(SyncTask.__table__).where(SyncTask.task_key == key))
+            .mappings()
+            .one()
+        )
+        return SimpleNamespace(**row)
+
+
+def _outcomes(services: Services, key: str) -> list[str]:
+    with services.uow.begin() as session:
+        return list(
+            session.execute(
+                select(Attempt.outcome).where(Attempt.task_key == key).order_by(Attempt.started_at)
+            ).scalars()
+        )
+
+
+def _observations(services: Services) -> int:
+    with services.uow.begin() as session:
+        return count_rows(session, Observation)
+
+
+def _distinct_entities(services: Services) -> int:
+    with services.uow.begin() as session:
+        keys = session.execute(select(Observation.entity_key)).scalars().all()
+    return len(set(keys))
+
+
+@pytest.mark.parametrize("kill_at", ["after-lease", "mid-download", "mid-upsert"])
+def test_a_worker_killed_before_its_commit_loses_nothing_and_duplicates_nothing(
+    web: Flask, services: Services, cloud: CloudState, env: dict[str, str], kill_at: str
+) -> None:
+    """SIGKILL before the commit leaves no data and a leased task; once the lease expires the
+    sweeper queues it again and the next worker stores exactly one observation per entity."""
+    job_id = cloud.create_job(products_sitemap(cloud))
+    cloud.run_job(job_id, n=RECORDS)
+    key = f"job-{job_id}"
+    notify(web, job_id)
+    killed = run_worker(env, kill_at=kill_at)
+    assert "terminated unexpectedly" in killed.stderr + killed.stdout, killed.stderr[-2000:]
+    task = _task(services, key)
+    assert (task.state, task.lease_token) == ("leased", 1)
+    assert _outcomes(services, key) == ["running"]
+    assert _observations(services) == 0
+    time.sleep(2.5)  # the dead worker's lease runs out
+    assert sweeper.sweep(services).enqueued == 1
+    recovered = run_worker(env)
+    assert recovered.returncode == 0, recovered.stderr[-2000:]
+    assert _task(services, key).state == "committed"
+    assert _outcomes(services, key) == ["abandoned", "committed"]
+    assert _observations(services) == RECORDS == _distinct_entities(services)
+
+
+def test_a_worker_killed_after_its_commit_before_acknowledging_is_harmless(
+    web: Flask, services: Services, cloud: CloudState, env: dict[str, str]
+) -> None:
+    """SIGKILL after the commit: RQ never hears success, but the data and the task state are
+    already durable; recovery finds nothing to do and writes nothing twice."""
+    job_id = cloud.create_job(products_sitemap(cloud))
+    cloud.run_job(job_id, n=RECORDS)
+    key = f"job-{job_id}"
+    notify(web, job_id)
+    killed = run_worker(env, kill_at="after-commit")
+    assert "terminated unexpectedly" in killed.stderr + killed.stdout, killed.stderr[-2000:]
+    assert _task(services, key).state == "committed"
+    assert _observations(services) == RECORDS
+    time.sleep(2.5)
+    assert sweeper.sweep(services).enqueued == 0
+    assert run_worker(env).returncode == 0
+    assert _outcomes(services, key) == ["committed"]
+    assert _observations(services) == RECORDS
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_web_process_killed_between_commit_and_answer_makes_cloud_retry_harmless(
+    services: Services, cloud: CloudState, env: dict[str, str], tmp_path: Path
+) -> None:
+    """The web worker dies after storing the notification but before answering; Cloud's retry
+    reaches the restarted worker and the job still gets exactly one pending sync."""
+    port = _free_port()
+    web = subprocess.Popen(
+        [
+            str(BIN / "gunicorn"),
+            "--workers",
+            "1",
+            "--bind",
+            f"127.0.0.1:{port}",
+            "webhooks:create_app()",
+        ],
+        env={
+            **env,
+            "SCRAPESYNC_KILL_AT": "intake-after-commit",
+            "SCRAPESYNC_KILL_ONCE_MARKER": str(tmp_path / "killed-once"),
+        },
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        cloud.notify_url = f"http://127.0.0.1:{port}/webhooks/webscraper/{WEBHOOK_TOKEN}"
+        cloud.notify_delays = (1.0, 3.0)
+        job_id = cloud.create_job(products_sitemap(cloud))
+        cloud.run_job(job_id, n=10)  # Cloud notifies, the web worker dies, Cloud retries
+        assert cloud.wait_for_notifications(timeout=20)
+    finally:
+        web.terminate()
+        web.wait(timeout=10)
+    sent = cloud.notifications_sent
+    assert [d["ok"] for d in sent] == [False, True], sent
+    assert (tmp_path / "killed-once").exists()
+    task = _task(services, f"job-{job_id}")
+    assert (task.state, task.requested_generation) == ("pending", 1)
+    with services.uow.begin() as session:
+        assert count_rows(session, Notification) == 2
+        assert count_rows(session, SyncTask) == 1
