@@ -1,0 +1,77 @@
+"""Settings come from the environment names in DESIGN.md, once, with clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from config.settings import ConfigError, Settings
+
+
+def test_defaults_match_the_documented_interface() -> None:
+    """With nothing set, SQLite in the working folder, the real Cloud API, the default file."""
+    settings = Settings.from_env({})
+    assert settings.database_url == "sqlite:///scrapesync.db"
+    assert settings.api_url == "https://api.webscraper.io/api/v1/"
+    assert settings.datasets_path == Path("config/datasets.toml")
+    assert settings.redis_url is None
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgres://u:p@db.example:5432/app", "postgresql://u:p@db.example:5432/app"],
+)
+def test_heroku_postgres_urls_use_the_psycopg_driver(url: str) -> None:
+    """Heroku's postgres:// scheme (and plain postgresql://) map onto psycopg 3."""
+    settings = Settings.from_env({"DATABASE_URL": url})
+    assert settings.database_url == "postgresql+psycopg://u:p@db.example:5432/app"
+
+
+def test_every_documented_variable_is_read() -> None:
+    """Each environment variable of the interface lands in its setting."""
+    settings = Settings.from_env(
+        {
+            "DATABASE_URL": "sqlite:///x.db",
+            "REDIS_URL": "redis://127.0.0.1:6379/3",
+            "WEBSCRAPER_API_TOKEN": "tok",
+            "WEBSCRAPER_API_URL": "http://127.0.0.1:8001/api/v1/",
+            "WEBHOOK_TOKEN": "hook",
+            "SCRAPESYNC_DATASETS": "/etc/scrapesync/datasets.toml",
+            "PORT": "8080",
+        }
+    )
+    assert settings.redis_url == "redis://127.0.0.1:6379/3"
+    assert settings.require_api_token() == "tok"
+    assert settings.api_url == "http://127.0.0.1:8001/api/v1/"
+    assert settings.require_webhook_token() == "hook"
+    assert settings.datasets_path == Path("/etc/scrapesync/datasets.toml")
+    assert settings.port == 8080
+
+
+@pytest.mark.parametrize(
+    ("method", "variable"),
+    [
+        ("require_api_token", "WEBSCRAPER_API_TOKEN"),
+        ("require_webhook_token", "WEBHOOK_TOKEN"),
+        ("require_redis_url", "REDIS_URL"),
+    ],
+)
+def test_a_missing_secret_is_an_error_naming_the_variable(method: str, variable: str) -> None:
+    """A process that needs a missing variable stops with its name in the message."""
+    with pytest.raises(ConfigError, match=variable):
+        getattr(Settings.from_env({}), method)()
+
+
+def test_secrets_stay_out_of_the_repr() -> None:
+    """Printing the settings never shows the API or webhook token."""
+    settings = Settings.from_env({"WEBSCRAPER_API_TOKEN": "very-secret", "WEBHOOK_TOKEN": "hook-x"})
+    assert "very-secret" not in repr(settings)
+    assert "hook-x" not in repr(settings)
+
+
+@pytest.mark.parametrize(("name", "value"), [("PORT", "eighty"), ("SCRAPESYNC_API_BUDGET", "-1")])
+def test_malformed_numbers_are_refused_by_name(name: str, value: str) -> None:
+    """A setting that is not a usable number is a start-up error naming it."""
+    with pytest.raises(ConfigError, match=name):
+        Settings.from_env({name: value})
