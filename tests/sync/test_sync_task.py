@@ -449,3 +449,71 @@ def _at(services: Services, moment: object) -> Services:
     import dataclasses
 
     return dataclasses.replace(services, clock=lambda: moment)  # type: ignore[arg-type,return-value]
+
+
+def test_a_long_download_keeps_its_lease_alive_with_heartbeats(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """While a big export streams, the worker pushes its lease out, so no other worker takes a
+    task that is still making progress."""
+    import dataclasses
+    import itertools
+
+    if services.uow.dialect != "postgresql":
+        pytest.skip("heartbeats run on PostgreSQL; SQLite has a single writer")
+    job_id = _finished_job(cloud, n=3000)
+    key = f"job-{job_id}"
+    notify(web, job_id)
+    start = services.clock()
+    ticks = itertools.count()
+    seen: list[object] = []
+
+    class Watch:
+        def reached(self, name: str) -> None:
+            if name == "mid-upsert":
+                seen.append(_task(services, key).lease_until)
+
+    stepping = dataclasses.replace(
+        services,
+        clock=lambda: start + timedelta(seconds=30 * next(ticks)),
+        killpoints=Watch(),  # type: ignore[arg-type]
+    )
+    result = tasks.run_sync(stepping, key)
+    assert result.outcome == "committed"
+    (lease_until,) = seen
+    first_expiry = start + timedelta(seconds=services.settings.lease_seconds)
+    assert lease_until > first_expiry + timedelta(seconds=30)
+
+
+def test_the_sweeper_wakes_retry_wait_tasks_when_they_are_due(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A task parked after a 503 is queued by the sweeper once its time comes, not before."""
+    job_id = _finished_job(cloud, n=3)
+    cloud.inject_fault("status", path_contains=f"scraping-job/{job_id}", times=3, status=503)
+    notify(web, job_id)
+    drain(services)
+    task = _task(services, f"job-{job_id}")
+    assert task.state == "retry_wait"
+    services.dispatcher.redis.flushdb()  # type: ignore[attr-defined]
+    assert sweeper.sweep(services).enqueued == 0
+    due = _at(services, task.next_attempt_at + timedelta(seconds=1))
+    assert sweeper.sweep(due).enqueued == 1
+
+
+def test_the_sync_command_runs_a_job_in_the_foreground(
+    services: Services, cloud: CloudState
+) -> None:
+    """`scrapesync sync JOB_ID` syncs without a worker and says what it wrote."""
+    from click.testing import CliRunner
+
+    from sync.cli import main
+
+    job_id = _finished_job(cloud, n=7)
+    result = CliRunner().invoke(main, ["sync", str(job_id)])
+    assert result.exit_code == 0, result.output
+    assert f"job-{job_id}: committed" in result.output
+    assert "inserted=7" in result.output
+    again = CliRunner().invoke(main, ["sync", str(job_id)])
+    assert "inserted=0" in again.output
+    assert "unchanged=7" in again.output
