@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ import pytest
 from flask import Flask
 from redis import Redis
 from rq import SimpleWorker
+from sqlalchemy import select
 
 from config.datasets import Datasets, parse_datasets
 from config.settings import Settings
@@ -21,7 +23,9 @@ from sync import bootstrap
 from sync.bootstrap import Services
 from sync.budget import MemoryApiBudget
 from sync.db import UnitOfWork
+from sync.models import Attempt, Observation, SyncTask
 from sync.queue import RQDispatcher
+from sync.store import count_rows
 from webhooks import create_app
 
 API_TOKEN = "sim-token"
@@ -146,6 +150,38 @@ def drain(services: Services) -> int:
     return ran
 
 
-def with_clock(services: Services, clock: Callable[[], datetime]) -> Services:
-    """The same services seen through another clock."""
-    return replace(services, clock=clock)
+def at_time(services: Services, moment: datetime) -> Services:
+    """The same services, seeing the clock stopped at ``moment``."""
+    return replace(services, clock=lambda: moment)
+
+
+def task_of(services: Services, key: str) -> SimpleNamespace:
+    """A sync task's row as plain values."""
+    with services.uow.begin() as session:
+        row = (
+            session.execute(select(SyncTask.__table__).where(SyncTask.task_key == key))
+            .mappings()
+            .one()
+        )
+        return SimpleNamespace(**row)
+
+
+def attempts_of(services: Services, key: str) -> list[SimpleNamespace]:
+    """A sync task's attempts as plain values, oldest first."""
+    with services.uow.begin() as session:
+        rows = (
+            session.execute(
+                select(Attempt.__table__)
+                .where(Attempt.task_key == key)
+                .order_by(Attempt.started_at)
+            )
+            .mappings()
+            .all()
+        )
+        return [SimpleNamespace(**r) for r in rows]
+
+
+def observation_count(services: Services) -> int:
+    """How many observations the database holds."""
+    with services.uow.begin() as session:
+        return count_rows(session, Observation)

@@ -10,7 +10,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -21,10 +20,19 @@ from simulator import CloudState, serve
 from simulator.server import SimServer
 from sync import sweeper
 from sync.bootstrap import Services
-from sync.models import Attempt, Notification, Observation, SyncTask
+from sync.models import Notification, Observation, SyncTask
 from sync.store import count_rows
 from tests.conftest import REDIS_URL
-from tests.sync.conftest import API_TOKEN, DATASETS_TOML, WEBHOOK_TOKEN, notify, products_sitemap
+from tests.sync.conftest import (
+    API_TOKEN,
+    DATASETS_TOML,
+    WEBHOOK_TOKEN,
+    attempts_of,
+    notify,
+    observation_count,
+    products_sitemap,
+    task_of,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
 
@@ -81,28 +89,8 @@ def run_worker(env: dict[str, str], kill_at: str | None = None) -> subprocess.Co
     )
 
 
-def _task(services: Services, key: str) -> SimpleNamespace:
-    with services.uow.begin() as session:
-        row = (
-            session.execute(select(SyncTask.__table__).where(SyncTask.task_key == key))
-            .mappings()
-            .one()
-        )
-        return SimpleNamespace(**row)
-
-
 def _outcomes(services: Services, key: str) -> list[str]:
-    with services.uow.begin() as session:
-        return list(
-            session.execute(
-                select(Attempt.outcome).where(Attempt.task_key == key).order_by(Attempt.started_at)
-            ).scalars()
-        )
-
-
-def _observations(services: Services) -> int:
-    with services.uow.begin() as session:
-        return count_rows(session, Observation)
+    return [a.outcome for a in attempts_of(services, key)]
 
 
 def _distinct_entities(services: Services) -> int:
@@ -123,17 +111,17 @@ def test_a_worker_killed_before_its_commit_loses_nothing_and_duplicates_nothing(
     notify(web, job_id)
     killed = run_worker(env, kill_at=kill_at)
     assert "terminated unexpectedly" in killed.stderr + killed.stdout, killed.stderr[-2000:]
-    task = _task(services, key)
+    task = task_of(services, key)
     assert (task.state, task.lease_token) == ("leased", 1)
     assert _outcomes(services, key) == ["running"]
-    assert _observations(services) == 0
+    assert observation_count(services) == 0
     time.sleep(2.5)  # the dead worker's lease runs out
     assert sweeper.sweep(services).enqueued == 1
     recovered = run_worker(env)
     assert recovered.returncode == 0, recovered.stderr[-2000:]
-    assert _task(services, key).state == "committed"
+    assert task_of(services, key).state == "committed"
     assert _outcomes(services, key) == ["abandoned", "committed"]
-    assert _observations(services) == RECORDS == _distinct_entities(services)
+    assert observation_count(services) == RECORDS == _distinct_entities(services)
 
 
 def test_a_worker_killed_after_its_commit_before_acknowledging_is_harmless(
@@ -147,13 +135,13 @@ def test_a_worker_killed_after_its_commit_before_acknowledging_is_harmless(
     notify(web, job_id)
     killed = run_worker(env, kill_at="after-commit")
     assert "terminated unexpectedly" in killed.stderr + killed.stdout, killed.stderr[-2000:]
-    assert _task(services, key).state == "committed"
-    assert _observations(services) == RECORDS
+    assert task_of(services, key).state == "committed"
+    assert observation_count(services) == RECORDS
     time.sleep(2.5)
     assert sweeper.sweep(services).enqueued == 0
     assert run_worker(env).returncode == 0
     assert _outcomes(services, key) == ["committed"]
-    assert _observations(services) == RECORDS
+    assert observation_count(services) == RECORDS
 
 
 def _free_port() -> int:
@@ -203,7 +191,7 @@ def test_a_web_process_killed_between_commit_and_answer_makes_cloud_retry_harmle
     sent = cloud.notifications_sent
     assert [d["ok"] for d in sent] == [False, True], sent
     assert (tmp_path / "killed-once").exists()
-    task = _task(services, f"job-{job_id}")
+    task = task_of(services, f"job-{job_id}")
     assert (task.state, task.requested_generation) == ("pending", 1)
     with services.uow.begin() as session:
         assert count_rows(session, Notification) == 2

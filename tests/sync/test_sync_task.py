@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 from flask import Flask
@@ -14,40 +13,19 @@ from sqlalchemy import func, select
 from simulator import CloudState
 from sync import store, sweeper, tasks
 from sync.bootstrap import Services
-from sync.models import Attempt, Observation, Run, SyncTask
+from sync.models import Observation, Run
 from sync.queue import RQDispatcher
-from tests.sync.conftest import drain, notify, products_sitemap
+from tests.sync.conftest import (
+    at_time,
+    attempts_of,
+    drain,
+    notify,
+    observation_count,
+    products_sitemap,
+    task_of,
+)
 
 pytestmark = pytest.mark.redis
-
-
-def _task(services: Services, key: str) -> SimpleNamespace:
-    with services.uow.begin() as session:
-        row = (
-            session.execute(select(SyncTask.__table__).where(SyncTask.task_key == key))
-            .mappings()
-            .one()
-        )
-        return SimpleNamespace(**row)
-
-
-def _attempts(services: Services, key: str) -> list[SimpleNamespace]:
-    with services.uow.begin() as session:
-        rows = (
-            session.execute(
-                select(Attempt.__table__)
-                .where(Attempt.task_key == key)
-                .order_by(Attempt.started_at)
-            )
-            .mappings()
-            .all()
-        )
-        return [SimpleNamespace(**r) for r in rows]
-
-
-def _observations(services: Services) -> int:
-    with services.uow.begin() as session:
-        return store.count_rows(session, Observation)
 
 
 def _finished_job(cloud: CloudState, n: int = 30, *, start: int = 0) -> int:
@@ -64,12 +42,12 @@ def test_a_finished_job_is_synced_into_observations(
     job_id = _finished_job(cloud, n=30)
     notify(web, job_id)
     drain(services)
-    task = _task(services, f"job-{job_id}")
+    task = task_of(services, f"job-{job_id}")
     assert (task.state, task.synced_generation) == ("committed", 1)
-    (attempt,) = _attempts(services, f"job-{job_id}")
+    (attempt,) = attempts_of(services, f"job-{job_id}")
     assert (attempt.outcome, attempt.records_read, attempt.inserted) == ("committed", 30, 30)
     assert attempt.cloud_status == "finished"
-    assert _observations(services) == 30
+    assert observation_count(services) == 30
     with services.uow.begin() as session:
         run = session.execute(select(Run)).scalar_one()
         assert run.dataset == "products"
@@ -99,8 +77,8 @@ def test_fifty_concurrent_duplicate_notifications_make_one_sync(
         thread.join()
     assert codes == [200] * 50
     drain(services)
-    assert [a.outcome for a in _attempts(services, f"job-{job_id}")] == ["committed"]
-    assert _observations(services) == 40
+    assert [a.outcome for a in attempts_of(services, f"job-{job_id}")] == ["committed"]
+    assert observation_count(services) == 40
 
 
 def test_a_repeat_sync_of_unchanged_data_rewrites_nothing(
@@ -117,9 +95,9 @@ def test_a_repeat_sync_of_unchanged_data_rewrites_nothing(
         )
     notify(web, job_id)
     drain(services)
-    _first, second = _attempts(services, f"job-{job_id}")
+    _first, second = attempts_of(services, f"job-{job_id}")
     assert (second.inserted, second.updated, second.unchanged) == (0, 0, 25)
-    assert _task(services, f"job-{job_id}").synced_generation == 2
+    assert task_of(services, f"job-{job_id}").synced_generation == 2
     with services.uow.begin() as session:
         after = dict(
             session.execute(select(Observation.observation_key, Observation.last_changed_at)).all()
@@ -149,9 +127,9 @@ def test_continue_after_a_commit_adds_the_new_records_and_duplicates_nothing(
     cloud.finish_job(job_id)
     notify(web, job_id)
     drain(services)
-    second = _attempts(services, f"job-{job_id}")[-1]
+    second = attempts_of(services, f"job-{job_id}")[-1]
     assert (second.inserted, second.updated, second.unchanged) == (5, 0, 20)
-    assert _observations(services) == 25
+    assert observation_count(services) == 25
 
 
 def test_a_notification_during_a_lease_asks_for_one_more_sync(
@@ -167,14 +145,14 @@ def test_a_notification_during_a_lease_asks_for_one_more_sync(
         session.commit()
     assert lease is not None
     notify(web, job_id)  # arrives mid-lease
-    assert _task(services, key).requested_generation == 2
+    assert task_of(services, key).requested_generation == 2
     with services.cloud() as client:
         job = client.get_job(job_id)
         target = tasks.resolve_target(services, job)
         result = tasks._import(services, client, lease, job, target)
     assert result.state == "pending"
     drain(services)
-    task = _task(services, key)
+    task = task_of(services, key)
     assert (task.state, task.synced_generation) == ("committed", 2)
 
 
@@ -188,15 +166,15 @@ def test_a_job_still_running_waits_and_its_notification_wakes_it(
     cloud.start_job(job_id)
     notify(web, job_id, status="started")
     drain(services)
-    task = _task(services, f"job-{job_id}")
+    task = task_of(services, f"job-{job_id}")
     assert (task.state, task.last_error_class) == ("retry_wait", "JobNotFinishedError")
     assert task.next_attempt_at > services.clock() + timedelta(seconds=30)
-    assert _observations(services) == 0
+    assert observation_count(services) == 0
     cloud.finish_job(job_id)
     notify(web, job_id)
     drain(services)
-    assert _task(services, f"job-{job_id}").state == "committed"
-    assert _observations(services) == 12
+    assert task_of(services, f"job-{job_id}").state == "committed"
+    assert observation_count(services) == 12
 
 
 @pytest.mark.parametrize(
@@ -210,10 +188,10 @@ def test_jobs_that_cannot_be_read_are_quarantined_or_gone_with_the_reason(
     cloud.inject_fault("status", path_contains=f"scraping-job/{job_id}", times=5, status=status)
     notify(web, job_id)
     drain(services)
-    task = _task(services, f"job-{job_id}")
+    task = task_of(services, f"job-{job_id}")
     assert task.state == state
     assert str(status) in task.last_error
-    (attempt,) = _attempts(services, f"job-{job_id}")
+    (attempt,) = attempts_of(services, f"job-{job_id}")
     assert (attempt.outcome, attempt.http_status) == (state, status)
 
 
@@ -226,7 +204,7 @@ def test_a_sitemap_with_no_dataset_is_quarantined_with_a_clear_reason(
     cloud.run_job(job_id, n=3)
     notify(web, job_id)
     drain(services)
-    task = _task(services, f"job-{job_id}")
+    task = task_of(services, f"job-{job_id}")
     assert task.state == "quarantined"
     assert "unknown-sitemap" in task.last_error
     assert "datasets file" in task.last_error
@@ -250,7 +228,7 @@ def test_a_429_with_retry_after_parks_the_task_for_that_long(
     notify(web, job_id)
     before = services.clock()
     drain(services)
-    task = _task(services, f"job-{job_id}")
+    task = task_of(services, f"job-{job_id}")
     assert (task.state, task.last_error_class) == ("retry_wait", "ApiBudgetExhaustedError")
     wait = (task.next_attempt_at - before).total_seconds()
     assert 2.0 <= wait <= 5.0
@@ -267,16 +245,16 @@ def test_503s_back_off_and_a_later_attempt_commits(
     notify(web, job_id)
     drain(services)
     key = f"job-{job_id}"
-    task = _task(services, key)
+    task = task_of(services, key)
     assert (task.state, task.failure_count, task.last_error_class) == (
         "retry_wait",
         1,
         "CloudServerError",
     )
-    assert _attempts(services, key)[0].http_status == 503
-    later = tasks.run_sync(_at(services, task.next_attempt_at + timedelta(seconds=1)), key)
+    assert attempts_of(services, key)[0].http_status == 503
+    later = tasks.run_sync(at_time(services, task.next_attempt_at + timedelta(seconds=1)), key)
     assert later.outcome == "committed"
-    assert _observations(services) == 8
+    assert observation_count(services) == 8
 
 
 def test_a_connection_reset_is_retried(web: Flask, services: Services, cloud: CloudState) -> None:
@@ -285,7 +263,7 @@ def test_a_connection_reset_is_retried(web: Flask, services: Services, cloud: Cl
     cloud.inject_fault("reset", path_contains=f"scraping-job/{job_id}", times=10)
     notify(web, job_id)
     drain(services)
-    task = _task(services, f"job-{job_id}")
+    task = task_of(services, f"job-{job_id}")
     assert (task.state, task.last_error_class) == ("retry_wait", "CloudTransportError")
 
 
@@ -298,13 +276,13 @@ def test_a_cut_download_writes_nothing_and_the_retry_completes(
     notify(web, job_id)
     drain(services)
     key = f"job-{job_id}"
-    task = _task(services, key)
+    task = task_of(services, key)
     assert (task.state, task.last_error_class) == ("retry_wait", "DownloadIncompleteError")
-    assert _observations(services) == 0
+    assert observation_count(services) == 0
     cloud.clear_faults()
-    result = tasks.run_sync(_at(services, task.next_attempt_at + timedelta(seconds=1)), key)
+    result = tasks.run_sync(at_time(services, task.next_attempt_at + timedelta(seconds=1)), key)
     assert result.outcome == "committed"
-    assert _observations(services) == 500
+    assert observation_count(services) == 500
 
 
 def test_a_task_that_keeps_failing_ends_dead(
@@ -322,9 +300,9 @@ def test_a_task_that_keeps_failing_ends_dead(
     notify(web, job_id)
     first = tasks.run_sync(budget, key)
     assert first.outcome == "retry_wait"
-    second = tasks.run_sync(_at(budget, first.next_attempt_at + timedelta(seconds=1)), key)
+    second = tasks.run_sync(at_time(budget, first.next_attempt_at + timedelta(seconds=1)), key)
     assert second.outcome == "dead"
-    assert _task(services, key).last_error_class == "CloudServerError"
+    assert task_of(services, key).last_error_class == "CloudServerError"
 
 
 def test_records_without_their_key_fields_are_counted_not_stored(
@@ -337,7 +315,7 @@ def test_records_without_their_key_fields_are_counted_not_stored(
     cloud.run_job(job_id, records=records)
     notify(web, job_id)
     drain(services)
-    (attempt,) = _attempts(services, f"job-{job_id}")
+    (attempt,) = attempts_of(services, f"job-{job_id}")
     assert (attempt.records_read, attempt.inserted, attempt.missing_key) == (6, 4, 2)
 
 
@@ -355,7 +333,7 @@ def test_duplicate_entity_keys_in_one_job_are_stored_once_and_counted(
     cloud.run_job(job_id, records=records)
     notify(web, job_id)
     drain(services)
-    (attempt,) = _attempts(services, f"job-{job_id}")
+    (attempt,) = attempts_of(services, f"job-{job_id}")
     assert (attempt.inserted, attempt.duplicate_keys, attempt.conflicting_duplicates) == (2, 2, 1)
     with services.uow.begin() as session:
         price = session.execute(
@@ -375,7 +353,7 @@ def test_a_stale_lease_holder_cannot_commit(
     key = f"job-{job_id}"
     notify(web, job_id)
     outcomes: list[str] = []
-    later = _at(services, services.clock() + timedelta(seconds=120))
+    later = at_time(services, services.clock() + timedelta(seconds=120))
     b = dataclasses.replace(later, worker_name="worker-b")
     worker_b = threading.Thread(target=lambda: outcomes.append(tasks.run_sync(b, key).outcome))
 
@@ -387,7 +365,7 @@ def test_a_stale_lease_holder_cannot_commit(
                 return
             worker_b.start()
             for _ in range(500):
-                if _task(services, key).lease_owner == "worker-b":
+                if task_of(services, key).lease_owner == "worker-b":
                     return
                 time.sleep(0.01)
             raise AssertionError("worker B never claimed the task")
@@ -397,8 +375,8 @@ def test_a_stale_lease_holder_cannot_commit(
     worker_b.join(timeout=30)
     assert outcomes == ["committed"]
     assert result.outcome == "stale"
-    assert _observations(services) == 30
-    by_worker = {x.worker: x for x in _attempts(services, key)}
+    assert observation_count(services) == 30
+    by_worker = {x.worker: x for x in attempts_of(services, key)}
     assert by_worker["worker-a"].outcome == "stale"
     assert by_worker["worker-b"].outcome == "committed"
     with services.uow.begin() as session:
@@ -422,8 +400,8 @@ def test_the_sweeper_requeues_pending_tasks_after_redis_is_flushed(
     assert (report.due, report.enqueued) == (3, 3)
     assert sweeper.sweep(services).enqueued == 0
     drain(services)
-    assert {_task(services, f"job-{j}").state for j in jobs} == {"committed"}
-    assert _observations(services) == 9
+    assert {task_of(services, f"job-{j}").state for j in jobs} == {"committed"}
+    assert observation_count(services) == 9
 
 
 def test_the_sweeper_returns_expired_leases_to_the_queue(
@@ -438,17 +416,11 @@ def test_the_sweeper_returns_expired_leases_to_the_queue(
         session.commit()
     services.dispatcher.redis.flushdb()  # type: ignore[attr-defined]
     assert sweeper.sweep(services).enqueued == 0  # lease still live
-    later = _at(services, services.clock() + timedelta(seconds=10))
+    later = at_time(services, services.clock() + timedelta(seconds=10))
     assert sweeper.sweep(later).enqueued == 1
     assert tasks.run_sync(later, key).outcome == "committed"
-    outcomes = [a.outcome for a in _attempts(services, key)]
+    outcomes = [a.outcome for a in attempts_of(services, key)]
     assert outcomes == ["abandoned", "committed"]
-
-
-def _at(services: Services, moment: object) -> Services:
-    import dataclasses
-
-    return dataclasses.replace(services, clock=lambda: moment)  # type: ignore[arg-type,return-value]
 
 
 def test_a_long_download_keeps_its_lease_alive_with_heartbeats(
@@ -471,7 +443,7 @@ def test_a_long_download_keeps_its_lease_alive_with_heartbeats(
     class Watch:
         def reached(self, name: str) -> None:
             if name == "mid-upsert":
-                seen.append(_task(services, key).lease_until)
+                seen.append(task_of(services, key).lease_until)
 
     stepping = dataclasses.replace(
         services,
@@ -493,11 +465,11 @@ def test_the_sweeper_wakes_retry_wait_tasks_when_they_are_due(
     cloud.inject_fault("status", path_contains=f"scraping-job/{job_id}", times=3, status=503)
     notify(web, job_id)
     drain(services)
-    task = _task(services, f"job-{job_id}")
+    task = task_of(services, f"job-{job_id}")
     assert task.state == "retry_wait"
     services.dispatcher.redis.flushdb()  # type: ignore[attr-defined]
     assert sweeper.sweep(services).enqueued == 0
-    due = _at(services, task.next_attempt_at + timedelta(seconds=1))
+    due = at_time(services, task.next_attempt_at + timedelta(seconds=1))
     assert sweeper.sweep(due).enqueued == 1
 
 
