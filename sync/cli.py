@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 import click
+from sqlalchemy.exc import OperationalError
 
 from config.datasets import DatasetsFileError
 from config.settings import ConfigError, Settings
@@ -53,6 +54,10 @@ def run() -> None:
         main()
     except (ConfigError, DatasetsFileError) as exc:
         click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except OperationalError as exc:
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        click.echo(f"error: cannot reach the database: {reason}", err=True)
         sys.exit(2)
 
 
