@@ -27,6 +27,8 @@ class Quality:
     max_empty_pages_percent: float = 5.0
     max_no_value_pages_percent: float = 5.0
     max_record_drop_percent: float | None = 50.0
+    max_invalid_records_percent: float = 5.0
+    max_conflicting_duplicates_percent: float = 1.0
     use_cloud_quality: bool = True
     consent_markers: tuple[str, ...] = (
         "before you continue",
@@ -149,6 +151,8 @@ def _quality(where: str, raw: Any) -> Quality:
         else:
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise DatasetsFileError(f"{where}.{key} must be a non-negative number")
+            if key.endswith("_percent") and value > 100:
+                raise DatasetsFileError(f"{where}.{key} is a percentage: at most 100")
             values[key] = int(value) if key == "min_records" else float(value)
     return Quality(**values)
 

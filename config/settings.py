@@ -58,6 +58,7 @@ class Settings:
     export_dir: Path = Path("exports")
     kill_at: str | None = None
     kill_once_marker: str | None = None
+    environment: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -84,7 +85,13 @@ class Settings:
             export_dir=Path(env.get("SCRAPESYNC_EXPORT_DIR") or "exports"),
             kill_at=env.get("SCRAPESYNC_KILL_AT") or None,
             kill_once_marker=env.get("SCRAPESYNC_KILL_ONCE_MARKER") or None,
+            environment=dict(env),
         )
+
+    def secret(self, name: str) -> str | None:
+        """The value of the environment variable ``name`` that the datasets file names as a
+        secret (a destination's signing key), or None when it is unset or empty."""
+        return self.environment.get(name) or None
 
     def require_api_token(self) -> str:
         """The Cloud API token, or a start-up error naming the variable."""

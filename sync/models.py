@@ -79,6 +79,7 @@ class Run(Base):
     config_version: Mapped[str | None] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(20), default="collecting")
     reasons: Mapped[list[Any]] = mapped_column(Payload, default=list)
+    revision: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     evaluated_at: Mapped[datetime | None]
     accepted_at: Mapped[datetime | None]
     published_at: Mapped[datetime | None]
@@ -111,6 +112,7 @@ class ScrapingJob(Base):
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     data_quality: Mapped[dict[str, Any] | None]
     problematic_urls: Mapped[list[Any] | None] = mapped_column(Payload)
+    quality_checked_at: Mapped[datetime | None]
 
 
 class Notification(Base):
@@ -295,6 +297,7 @@ class Launch(Base):
     kind: Mapped[str] = mapped_column(String(20))
     partition: Mapped[str | None] = mapped_column(String(200))
     start_urls: Mapped[list[Any] | None] = mapped_column(Payload)
+    manifest: Mapped[dict[str, Any] | None]
     state: Mapped[str] = mapped_column(String(20), default="intended")
     job_id: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

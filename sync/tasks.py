@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import select
 
 from config.datasets import Dataset
-from sync import logs, store
+from sync import logs, runs, store
 from sync.bootstrap import Services
 from sync.client import (
     ApiBudgetExhaustedError,
@@ -259,6 +259,10 @@ def _import(
     services.killpoints.reached("after-commit")
     if state == "pending":
         _enqueue(services, lease.task_key)
+    else:  # the run's data changed: judge it (a lost job is found again by the maintenance sweep)
+        runs.enqueue_evaluation(
+            services, target.run_id, suffix=f"{lease.task_key}-g{lease.generation}"
+        )
     return SyncResult(
         lease.task_key,
         "committed",

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: (none)
-Create Date: 2026-12-02 15:28:10.234653
+Create Date: 2026-12-02 15:56:02.429591
 """
 
 from __future__ import annotations
@@ -146,6 +146,7 @@ def upgrade() -> None:
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
             nullable=False,
         ),
+        sa.Column("revision", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("evaluated_at", sa.DateTime(), nullable=True),
         sa.Column("accepted_at", sa.DateTime(), nullable=True),
         sa.Column("published_at", sa.DateTime(), nullable=True),
@@ -211,6 +212,11 @@ def upgrade() -> None:
         sa.Column("partition", sa.String(length=200), nullable=True),
         sa.Column(
             "start_urls",
+            sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
+            nullable=True,
+        ),
+        sa.Column(
+            "manifest",
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
             nullable=True,
         ),
@@ -292,6 +298,7 @@ def upgrade() -> None:
             sa.JSON().with_variant(postgresql.JSONB(astext_type=sa.Text()), "postgresql"),
             nullable=True,
         ),
+        sa.Column("quality_checked_at", sa.DateTime(), nullable=True),
         sa.ForeignKeyConstraint(
             ["run_id"], ["runs.run_id"], name=op.f("fk_scraping_jobs_run_id_runs")
         ),

@@ -1,0 +1,242 @@
+"""Exports of a dataset: the published run (or a named accepted run) written from the database,
+one line per observation in a stable order, under a versioned file name, with a manifest (run id,
+revision, counts, hashes, time). Only observations of passing partitions are written:
+quarantined rows never appear in an export, and a run that was not accepted is refused.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from sync.acceptance import NO_PARTITION
+from sync.bootstrap import Services
+from sync.models import Observation, PartitionVerdict, Publication, Run
+
+FORMATS = ("jsonl", "csv")
+EXPORTABLE = ("accepted", "published")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+class ExportError(Exception):
+    """A dataset or run cannot be exported; the message names the dataset, the run and why."""
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """Where an export was written and what it holds."""
+
+    dataset: str
+    run_id: str
+    revision: int
+    format: str
+    path: Path
+    manifest_path: Path
+    records: int
+    sha256: str
+    partitions: dict[str, int]
+
+
+def export_dataset(
+    services: Services,
+    dataset: str,
+    *,
+    run_id: str | None = None,
+    fmt: str = "jsonl",
+    out: Path | None = None,
+) -> ExportResult:
+    """Write the dataset's published run (or ``run_id``) to ``out`` (default: the export dir)."""
+    with services.uow.begin() as session:
+        return write_export(
+            session,
+            dataset=dataset,
+            run_id=run_id,
+            fmt=fmt,
+            out=out if out is not None else services.settings.export_dir,
+            now=services.clock(),
+        )
+
+
+def file_stem(dataset: str, run_id: str, revision: int) -> str:
+    """The versioned name of an export, without its extension."""
+    return f"{_UNSAFE.sub('_', dataset)}.{_UNSAFE.sub('_', run_id)}.r{revision}"
+
+
+def write_export(
+    session: Session,
+    *,
+    dataset: str,
+    run_id: str | None,
+    fmt: str,
+    out: Path,
+    now: datetime,
+) -> ExportResult:
+    """Write an export inside the caller's transaction (a consistent snapshot of the run)."""
+    if fmt not in FORMATS:
+        raise ExportError(f"format must be one of {FORMATS}, got {fmt!r}")
+    current = session.execute(
+        select(Publication.run_id).where(Publication.dataset == dataset, Publication.is_current)
+    ).scalar_one_or_none()
+    if run_id is None:
+        if current is None:
+            raise ExportError(f"dataset {dataset!r} has no published run yet")
+        run_id = current
+    run = session.get(Run, run_id)
+    if run is None or run.dataset != dataset:
+        raise ExportError(f"dataset {dataset!r} has no run {run_id!r}")
+    if run.state not in EXPORTABLE:
+        raise ExportError(
+            f"run {run_id!r} of dataset {dataset!r} is {run.state}: only accepted runs are exported"
+        )
+    stem = file_stem(dataset, run_id, run.revision)
+    if out.is_dir() or not out.suffix:
+        path = out / f"{stem}.{fmt}"
+        manifest_path = out / f"{stem}.manifest.json"
+    else:
+        path = out
+        manifest_path = out.with_name(f"{out.stem}.manifest.json")
+    partitions: dict[str, int] = {}
+    digest = hashlib.sha256()
+
+    def rows() -> Iterator[dict[str, Any]]:
+        for partition, payload, payload_hash in _valid_rows(session, run_id):
+            name = partition if partition is not None else NO_PARTITION
+            partitions[name] = partitions.get(name, 0) + 1
+            digest.update(payload_hash.encode())
+            yield payload
+
+    if fmt == "jsonl":
+        _write_file(path, lambda handle: _write_jsonl(handle, rows()))
+    else:
+        columns = _columns(session, run_id)
+        _write_file(path, lambda handle: _write_csv(handle, columns, rows()))
+    file_hash, size = _file_sha256(path)
+    records = sum(partitions.values())
+    quarantined = sorted(
+        session.execute(
+            select(PartitionVerdict.partition).where(
+                PartitionVerdict.run_id == run_id, PartitionVerdict.state == "quarantined"
+            )
+        ).scalars()
+    )
+    manifest = {
+        "dataset": dataset,
+        "run_id": run_id,
+        "collection_window": run.collection_window,
+        "revision": run.revision,
+        "state": run.state,
+        "is_published": current == run_id,
+        "format": fmt,
+        "file": path.name,
+        "records": records,
+        "partitions": dict(sorted(partitions.items())),
+        "quarantined_partitions": quarantined,
+        "sha256": file_hash,
+        "bytes": size,
+        "records_sha256": digest.hexdigest(),
+        "accepted_at": run.accepted_at.isoformat() if run.accepted_at else None,
+        "published_at": run.published_at.isoformat() if run.published_at else None,
+        "generated_at": now.isoformat(),
+    }
+    write_atomically(
+        manifest_path, (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode()
+    )
+    return ExportResult(
+        dataset=dataset,
+        run_id=run_id,
+        revision=run.revision,
+        format=fmt,
+        path=path,
+        manifest_path=manifest_path,
+        records=records,
+        sha256=file_hash,
+        partitions=dict(sorted(partitions.items())),
+    )
+
+
+def _valid_rows(session: Session, run_id: str) -> Iterator[tuple[str | None, Any, str]]:
+    """The run's exportable observations in a stable order, the same on every database."""
+    collation = "C" if session.get_bind().dialect.name == "postgresql" else "BINARY"
+    stmt = (
+        select(Observation.partition, Observation.payload, Observation.payload_hash)
+        .where(Observation.run_id == run_id, Observation.validation_state == "valid")
+        .order_by(Observation.entity_key.collate(collation), Observation.observation_key)
+        .execution_options(yield_per=2000)
+    )
+    for row in session.execute(stmt):
+        yield row.partition, row.payload, row.payload_hash
+
+
+def _columns(session: Session, run_id: str) -> list[str]:
+    seen: dict[str, None] = {}
+    for _partition, payload, _hash in _valid_rows(session, run_id):
+        seen.update(dict.fromkeys(payload))
+    return sorted(seen)
+
+
+def _write_jsonl(handle: IO[bytes], rows: Iterator[dict[str, Any]]) -> None:
+    for payload in rows:
+        line = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        handle.write(line.encode() + b"\n")
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _write_csv(handle: IO[bytes], columns: list[str], rows: Iterator[dict[str, Any]]) -> None:
+    text = io.TextIOWrapper(handle, encoding="utf-8", newline="")
+    writer = csv.writer(text)
+    writer.writerow(columns)
+    for payload in rows:
+        writer.writerow([_cell(payload.get(c)) for c in columns])
+    text.flush()
+    text.detach()
+
+
+def _write_file(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one."""
+
+    def write(handle: IO[bytes]) -> None:
+        handle.write(data)
+
+    _write_file(path, write)
+
+
+def _file_sha256(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size

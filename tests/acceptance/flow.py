@@ -1,0 +1,213 @@
+"""The acceptance and delivery tests' shared vocabulary: the test dataset, a receiver that
+checks signatures on its own, and helpers that drive a job through sync, verdict and export."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rq.registry import FailedJobRegistry
+
+from config.datasets import parse_datasets
+from simulator import CloudState
+from simulator.records import generate_records
+from sync import export, runs, store, tasks
+from sync.bootstrap import Services
+from sync.queue import RecordingDispatcher, RQDispatcher
+from sync.runs import RunVerdict
+from tests.sync.conftest import drain, products_sitemap
+
+SECRET_ENV = "PRODUCTS_HOOK_SECRET"
+SECRET = "whsec_" + base64.b64encode(b"the receiver's shared signing key!").decode()
+HOOK_URL = "https://receiver.test/hooks/scrapesync"
+RETAILERS = ("alpha.example", "beta.example", "gamma.example", "delta.example")
+
+DATASETS_TOML = f"""
+[datasets.products]
+sitemap = "products"
+entity_key = ["sku"]
+window = "job"
+partition = "retailer"
+required = ["sku", "price"]
+policy = "reject"
+[datasets.products.quality]
+parsers = {{ price = "number" }}
+
+[[datasets.products.destinations]]
+url = "{HOOK_URL}"
+secret_env = "{SECRET_ENV}"
+"""
+
+
+def use_datasets(services: Services, text: str) -> None:
+    """Switch the deployment to another datasets file (the worker jobs see it too)."""
+    services.datasets = parse_datasets(text, source="tests")
+
+
+def with_policy(policy: str, *, quality: str = "") -> str:
+    """The test datasets file with another policy and extra quality lines."""
+    text = DATASETS_TOML.replace('policy = "reject"', f'policy = "{policy}"')
+    parsers = 'parsers = { price = "number" }'
+    return text.replace(parsers, f"{parsers}\n{quality}")
+
+
+def verify_signature(secret: str, headers: httpx.Headers, body: bytes) -> bool:
+    """Standard Webhooks verification, written apart from the sender's code: the key is the
+    base64 after ``whsec_`` (raw text otherwise), the signed content ``id.timestamp.body``, and
+    the header a space-separated list of ``v1,<base64>`` signatures."""
+    key = base64.b64decode(secret.split("_", 1)[1]) if secret.startswith("whsec_") else secret
+    key_bytes = key if isinstance(key, bytes) else key.encode()
+    content = b".".join(
+        [headers["webhook-id"].encode(), headers["webhook-timestamp"].encode(), body]
+    )
+    expected = base64.b64encode(hmac.new(key_bytes, content, hashlib.sha256).digest()).decode()
+    for candidate in headers["webhook-signature"].split(" "):
+        version, _, signature = candidate.partition(",")
+        if version == "v1" and hmac.compare_digest(signature, expected):
+            return True
+    return False
+
+
+@dataclass
+class Delivered:
+    """One request the receiver got."""
+
+    event_id: str
+    event_type: str
+    timestamp: str
+    body: dict[str, Any]
+    signed: bool
+
+
+@dataclass
+class Receiver:
+    """A destination that checks signatures on its own and deduplicates on webhook-id; it
+    answers from ``plan`` (status codes or exceptions to raise), then 200."""
+
+    secret: str
+    requests: list[Delivered] = field(default_factory=list)
+    plan: list[int | Exception | Callable[[], httpx.Response]] = field(default_factory=list)
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        body = request.read()
+        document = json.loads(body)
+        self.requests.append(
+            Delivered(
+                event_id=request.headers["webhook-id"],
+                event_type=document["type"],
+                timestamp=request.headers["webhook-timestamp"],
+                body=document,
+                signed=verify_signature(self.secret, request.headers, body),
+            )
+        )
+        if self.plan:
+            step = self.plan.pop(0)
+            if isinstance(step, Exception):
+                raise step
+            if callable(step):
+                return step()
+            return httpx.Response(step, text="no thanks")
+        return httpx.Response(204)
+
+    @property
+    def events(self) -> dict[str, str]:
+        """What the receiver acted on: event id -> type, each id once."""
+        return {r.event_id: r.event_type for r in self.requests}
+
+    def of_type(self, event_type: str) -> list[Delivered]:
+        """The requests of one event type."""
+        return [r for r in self.requests if r.event_type == event_type]
+
+
+def settle(services: Services) -> int:
+    """Run every queued job as a worker would, and fail if any of them raised."""
+    ran = drain(services)
+    dispatcher = services.dispatcher
+    assert isinstance(dispatcher, RQDispatcher)
+    failed = FailedJobRegistry(queue=dispatcher.queue)
+    problems = []
+    for job_id in failed.get_job_ids():
+        job = dispatcher.queue.fetch_job(job_id)
+        result = job.latest_result() if job is not None else None
+        problems.append(f"{job_id}: {result.exc_string if result is not None else '?'}")
+    assert not problems, "\n".join(problems)
+    return ran
+
+
+def product_records(
+    n: int,
+    *,
+    start: int = 0,
+    retailers: tuple[str, ...] = RETAILERS,
+    garbage: str | None = None,
+) -> list[dict[str, str]]:
+    """``n`` product records over the retailers; the ``garbage`` retailer's prices are junk."""
+    records = list(generate_records(n, partitions=retailers, start=start))
+    for record in records:
+        if record["retailer"] == garbage:
+            record["price"] = "call for price"
+    return records
+
+
+def finished_job(
+    cloud: CloudState, records: list[dict[str, str]] | None = None, **finish: Any
+) -> int:
+    """A finished job of the products sitemap with these records."""
+    job_id = cloud.create_job(products_sitemap(cloud))
+    cloud.run_job(job_id, records=records if records is not None else product_records(40), **finish)
+    return job_id
+
+
+def run_id_of(job_id: int) -> str:
+    """The run of a job of the test dataset (one run per job)."""
+    return f"products-job-{job_id}"
+
+
+def verdict(services: Services, run_id: str) -> RunVerdict:
+    """A run's verdict, which must exist."""
+    found = runs.run_verdict(services, run_id)
+    assert found is not None, run_id
+    return found
+
+
+def published(services: Services) -> str | None:
+    """The run the products dataset's published pointer names."""
+    with services.uow.begin() as session:
+        return runs.published_run_id(session, "products")
+
+
+def exported(
+    services: Services, out: Path, **kw: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Export the products dataset; its records and its manifest."""
+    result = export.export_dataset(services, "products", out=out, **kw)
+    lines = result.path.read_text().splitlines()
+    return [json.loads(line) for line in lines], json.loads(result.manifest_path.read_text())
+
+
+def wire_receiver(services: Services) -> Receiver:
+    """Make a signature-checking receiver the test dataset's HTTP destination."""
+    found = Receiver(SECRET)
+    services.extras["delivery_transport"] = httpx.MockTransport(found)
+    services.settings = replace(services.settings, environment={SECRET_ENV: SECRET})
+    return found
+
+
+def accept_quietly(services: Services, cloud: CloudState, n: int = 40) -> tuple[str, list[str]]:
+    """Sync and accept a new job's run without queueing any delivery; its run id and events."""
+    offline = replace(services, dispatcher=RecordingDispatcher())
+    job_id = finished_job(cloud, product_records(n))
+    with services.uow.begin() as session:
+        wish = store.want_sync(session, job_id, now=services.clock())
+        session.commit()
+    assert tasks.run_sync(offline, wish.task_key).outcome == "committed"
+    evaluation = runs.evaluate_run(offline, run_id_of(job_id))
+    assert evaluation.outcome == "published"
+    return run_id_of(job_id), list(evaluation.events)

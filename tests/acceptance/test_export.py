@@ -1,0 +1,100 @@
+"""``scrapesync export``: the published dataset from the database, in a stable order, under a
+versioned name, with a manifest whose hashes and counts match the file."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from flask import Flask
+
+from simulator import CloudState
+from sync.bootstrap import Services
+from sync.cli import main
+from tests.acceptance.flow import finished_job, product_records, run_id_of, settle
+from tests.sync.conftest import notify
+
+pytestmark = pytest.mark.redis
+
+
+def accepted(web: Flask, services: Services, cloud: CloudState, n: int = 30) -> str:
+    """Sync and publish a job of ``n`` records shuffled out of key order; its run id."""
+    records = product_records(n)
+    records.reverse()
+    job_id = finished_job(cloud, records)
+    notify(web, job_id)
+    settle(services)
+    return run_id_of(job_id)
+
+
+def test_the_export_command_writes_jsonl_in_key_order_with_a_manifest(
+    web: Flask, services: Services, cloud: CloudState, tmp_path: Path
+) -> None:
+    """One line per observation ordered by entity key, a versioned name, and a manifest whose
+    sha256, byte count and record count describe that file; exporting twice is identical."""
+    run_id = accepted(web, services, cloud)
+    result = CliRunner().invoke(main, ["export", "products", "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    path = tmp_path / f"products.{run_id}.r1.jsonl"
+    assert str(path) in result.output
+    lines = path.read_bytes().splitlines()
+    skus = [json.loads(line)["sku"] for line in lines]
+    assert skus == sorted(skus)
+    assert len(skus) == 30
+    manifest = json.loads((tmp_path / f"products.{run_id}.r1.manifest.json").read_text())
+    assert manifest["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert manifest["bytes"] == path.stat().st_size
+    assert (manifest["records"], manifest["run_id"], manifest["format"]) == (30, run_id, "jsonl")
+    assert sum(manifest["partitions"].values()) == 30
+    assert manifest["generated_at"]
+    assert manifest["published_at"]
+    first = path.read_bytes()
+    assert CliRunner().invoke(main, ["export", "products", "--out", str(tmp_path)]).exit_code == 0
+    assert path.read_bytes() == first
+
+
+def test_csv_exports_the_same_records_with_a_header(
+    web: Flask, services: Services, cloud: CloudState, tmp_path: Path
+) -> None:
+    """CSV has sorted columns and the same records (same records hash) as JSON Lines."""
+    accepted(web, services, cloud)
+    target = tmp_path / "out.csv"
+    result = CliRunner().invoke(
+        main, ["export", "products", "--format", "csv", "--out", str(target)]
+    )
+    assert result.exit_code == 0, result.output
+    with target.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == ["price", "retailer", "sku", "title", "url"]
+    assert len(rows) == 30
+    csv_manifest = json.loads((tmp_path / "out.manifest.json").read_text())
+    assert CliRunner().invoke(main, ["export", "products", "--out", str(tmp_path)]).exit_code == 0
+    jsonl_manifest = next(
+        json.loads(p.read_text()) for p in tmp_path.glob("products.*.manifest.json")
+    )
+    assert csv_manifest["records_sha256"] == jsonl_manifest["records_sha256"]
+    assert csv_manifest["sha256"] != jsonl_manifest["sha256"]
+
+
+def test_nothing_published_or_a_rejected_run_is_refused_with_the_reason(
+    web: Flask, services: Services, cloud: CloudState, tmp_path: Path
+) -> None:
+    """No published run yet, an unknown run, or a rejected run: a clear error, no file."""
+    nothing = CliRunner().invoke(main, ["export", "products", "--out", str(tmp_path)])
+    assert nothing.exit_code != 0
+    assert "has no published run yet" in nothing.output
+    bad = finished_job(cloud, product_records(100), jobs_empty=50)
+    notify(web, bad)
+    settle(services)
+    refused = CliRunner().invoke(
+        main, ["export", "products", "--run", run_id_of(bad), "--out", str(tmp_path)]
+    )
+    assert refused.exit_code != 0
+    assert "is rejected: only accepted runs are exported" in refused.output
+    unknown = CliRunner().invoke(main, ["export", "products", "--run", "nope"])
+    assert "has no run 'nope'" in unknown.output
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,87 @@
+"""A real worker process SIGKILLed after the acceptance commit and before any delivery: after
+recovery the receiver sees each event exactly once."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from sqlalchemy import select
+
+from simulator import CloudState, serve
+from simulator.server import SimServer
+from sync import jobs
+from sync.bootstrap import Services
+from sync.models import OutboxEvent
+from tests.acceptance.flow import (
+    DATASETS_TOML,
+    HOOK_URL,
+    SECRET,
+    SECRET_ENV,
+    finished_job,
+    product_records,
+    published,
+    run_id_of,
+)
+from tests.conftest import REDIS_URL
+from tests.outbox.conftest import Loopback
+from tests.sync.conftest import API_TOKEN, WEBHOOK_TOKEN, notify
+from tests.sync.test_crash_safety import run_worker
+
+pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
+
+
+@pytest.fixture
+def sim(cloud: CloudState) -> Iterator[SimServer]:
+    """The simulator on a loopback socket, as a worker process reaches Cloud."""
+    with serve(cloud, host="127.0.0.1", port=0) as server:
+        yield server
+
+
+@pytest.fixture
+def env(tmp_path: Path, database_url: str, sim: SimServer, loopback: Loopback) -> dict[str, str]:
+    """The environment of a worker of this deployment, announcing to the loopback receiver."""
+    datasets = tmp_path / "datasets.toml"
+    datasets.write_text(DATASETS_TOML.replace(HOOK_URL, loopback.url))
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "DATABASE_URL": database_url,
+        "REDIS_URL": REDIS_URL,
+        "WEBSCRAPER_API_URL": sim.api_url,
+        "WEBSCRAPER_API_TOKEN": API_TOKEN,
+        "WEBHOOK_TOKEN": WEBHOOK_TOKEN,
+        "SCRAPESYNC_DATASETS": str(datasets),
+        SECRET_ENV: SECRET,
+    }
+
+
+def test_a_worker_killed_after_acceptance_delivers_each_event_once_after_restart(
+    web: Flask,
+    services: Services,
+    cloud: CloudState,
+    env: dict[str, str],
+    loopback: Loopback,
+) -> None:
+    """SIGKILL right after the run is accepted and published: the events are durable and
+    unsent; the maintenance sweep re-drives them and a new worker delivers each id once."""
+    job_id = finished_job(cloud, product_records(200))
+    notify(web, job_id)
+    killed = run_worker(env, kill_at="after-acceptance")
+    assert "terminated unexpectedly" in killed.stderr + killed.stdout, killed.stderr[-2000:]
+    assert published(services) == run_id_of(job_id)
+    with services.uow.begin() as session:
+        events = {e.event_id: e.state for e in session.execute(select(OutboxEvent)).scalars()}
+    assert sorted(events.values()) == ["unsent", "unsent"]
+    assert loopback.received == []
+    assert jobs.maintain()["deliveries_due"] == 2
+    recovered = run_worker(env)
+    assert recovered.returncode == 0, recovered.stderr[-2000:]
+    assert sorted(r["id"] for r in loopback.received) == sorted(events)
+    assert all(r["signed"] for r in loopback.received)
+    with services.uow.begin() as session:
+        states = {e.state for e in session.execute(select(OutboxEvent)).scalars()}
+    assert states == {"delivered"}
