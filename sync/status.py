@@ -1,0 +1,358 @@
+"""What an operator wants to know at a glance, as plain values: runs with their coverage and
+verdicts, tasks by state, the outbox backlog, the last reconcile and the API budget left.
+
+The CLI (``scrapesync status``), the status page and ``GET /api/runs`` all show this one dict.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from sync.bootstrap import Services
+from sync.models import (
+    Attempt,
+    Delivery,
+    Launch,
+    MaintenanceRun,
+    Observation,
+    OutboxEvent,
+    PartitionVerdict,
+    Publication,
+    Run,
+    ScrapingJob,
+    SyncTask,
+)
+
+TASK_STATES = ("pending", "leased", "retry_wait", "committed", "quarantined", "dead", "gone")
+RUN_STATES = ("collecting", "candidate", "accepted", "published", "rejected")
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return moment.isoformat(timespec="seconds") if moment is not None else None
+
+
+def _age(now: datetime, moment: datetime | None) -> float | None:
+    return round((now - moment).total_seconds(), 1) if moment is not None else None
+
+
+def reason_text(reason: Any) -> str:
+    """One reason of a verdict as a sentence, whatever shape acceptance stored it in."""
+    if isinstance(reason, str):
+        return reason
+    if isinstance(reason, dict):
+        for key in ("message", "detail", "reason", "text"):
+            if isinstance(reason.get(key), str):
+                code = reason.get("code") or reason.get("rule")
+                return f"{code}: {reason[key]}" if isinstance(code, str) else str(reason[key])
+    return json.dumps(reason, sort_keys=True, default=str)
+
+
+def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
+    runs = list(
+        session.execute(select(Run).order_by(Run.created_at.desc(), Run.run_id).limit(limit))
+        .scalars()
+        .all()
+    )
+    ids = [r.run_id for r in runs]
+    if not ids:
+        return []
+    observed = dict(
+        session.execute(
+            select(Observation.run_id, func.count())
+            .where(Observation.run_id.in_(ids))
+            .group_by(Observation.run_id)
+        ).all()
+    )
+    jobs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for job in session.execute(
+        select(ScrapingJob).where(ScrapingJob.run_id.in_(ids)).order_by(ScrapingJob.job_id)
+    ).scalars():
+        assert job.run_id is not None
+        jobs[job.run_id].append(
+            {
+                "job_id": job.job_id,
+                "status": job.status,
+                "recovery_batch": job.recovery_batch,
+                "pages_scheduled": job.jobs_scheduled,
+                "pages_failed": job.jobs_failed,
+                "pages_empty": job.jobs_empty,
+                "pages_no_value": job.jobs_no_value,
+                "stored_record_count": job.stored_record_count,
+                "problematic_urls": len(job.problematic_urls or []),
+            }
+        )
+    verdicts: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for verdict in session.execute(
+        select(PartitionVerdict)
+        .where(PartitionVerdict.run_id.in_(ids))
+        .order_by(PartitionVerdict.partition)
+    ).scalars():
+        verdicts[verdict.run_id].append(
+            {
+                "partition": verdict.partition,
+                "state": verdict.state,
+                "records": verdict.records,
+                "reasons": [reason_text(r) for r in verdict.reasons or []],
+            }
+        )
+    launches: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for launch in session.execute(
+        select(Launch).where(Launch.run_id.in_(ids)).order_by(Launch.created_at)
+    ).scalars():
+        launches[launch.run_id].append(
+            {
+                "batch_id": launch.batch_id,
+                "kind": launch.kind,
+                "state": launch.state,
+                "job_id": launch.job_id,
+                "partition": launch.partition,
+            }
+        )
+    tasks: dict[str, dict[str, int]] = defaultdict(dict)
+    for run_id, state, count in session.execute(
+        select(SyncTask.run_id, SyncTask.state, func.count())
+        .where(SyncTask.run_id.in_(ids))
+        .group_by(SyncTask.run_id, SyncTask.state)
+    ):
+        if run_id is not None:
+            tasks[run_id][state] = int(count)
+    current = set(
+        session.execute(
+            select(Publication.run_id).where(Publication.is_current.is_(True))
+        ).scalars()
+    )
+    out: list[dict[str, Any]] = []
+    for run in runs:
+        primary = [j for j in jobs[run.run_id] if j["recovery_batch"] is None]
+        expected = sum(j["stored_record_count"] for j in primary)
+        observations = int(observed.get(run.run_id, 0))
+        out.append(
+            {
+                "run_id": run.run_id,
+                "dataset": run.dataset,
+                "window": run.collection_window,
+                "state": run.state,
+                "revision": run.revision,
+                "published": run.run_id in current,
+                "reasons": [reason_text(r) for r in run.reasons or []],
+                "created_at": _iso(run.created_at),
+                "evaluated_at": _iso(run.evaluated_at),
+                "accepted_at": _iso(run.accepted_at),
+                "published_at": _iso(run.published_at),
+                "observations": observations,
+                "expected_records": expected,
+                "coverage_percent": (
+                    round(100.0 * observations / expected, 1) if expected else None
+                ),
+                "pages_scheduled": sum(j["pages_scheduled"] for j in primary),
+                "pages_failed": sum(j["pages_failed"] for j in primary),
+                "pages_empty": sum(j["pages_empty"] for j in primary),
+                "pages_no_value": sum(j["pages_no_value"] for j in primary),
+                "recovery_jobs": len(jobs[run.run_id]) - len(primary),
+                "jobs": jobs[run.run_id],
+                "partitions": verdicts[run.run_id],
+                "launches": launches[run.run_id],
+                "tasks": tasks[run.run_id],
+            }
+        )
+    return out
+
+
+def _tasks(session: Session, now: datetime) -> dict[str, Any]:
+    counts = dict.fromkeys(TASK_STATES, 0)
+    for state, count in session.execute(
+        select(SyncTask.state, func.count()).group_by(SyncTask.state)
+    ):
+        counts[state] = int(count)
+    oldest_lease = session.execute(
+        select(func.min(Attempt.started_at))
+        .select_from(Attempt)
+        .join(
+            SyncTask,
+            (SyncTask.task_key == Attempt.task_key) & (SyncTask.lease_token == Attempt.lease_token),
+        )
+        .where(SyncTask.state == "leased", Attempt.outcome == "running")
+    ).scalar_one()
+    expired = session.execute(
+        select(func.count())
+        .select_from(SyncTask)
+        .where(SyncTask.state == "leased", SyncTask.lease_until < now)
+    ).scalar_one()
+    oldest_due = session.execute(
+        select(func.min(SyncTask.next_attempt_at)).where(
+            SyncTask.state.in_(("pending", "retry_wait")), SyncTask.next_attempt_at <= now
+        )
+    ).scalar_one()
+    return {
+        "by_state": counts,
+        "oldest_lease_age_seconds": _age(now, oldest_lease),
+        "expired_leases": int(expired),
+        "oldest_due_age_seconds": _age(now, oldest_due),
+    }
+
+
+def _outbox(session: Session, now: datetime) -> dict[str, Any]:
+    events: dict[str, int] = {}
+    for state, count in session.execute(
+        select(OutboxEvent.state, func.count()).group_by(OutboxEvent.state)
+    ):
+        events[state] = int(count)
+    deliveries: dict[str, int] = {}
+    for state, count in session.execute(
+        select(Delivery.state, func.count()).group_by(Delivery.state)
+    ):
+        deliveries[state] = int(count)
+    oldest = session.execute(
+        select(func.min(OutboxEvent.created_at)).where(OutboxEvent.state != "delivered")
+    ).scalar_one()
+    backlog = sum(n for state, n in events.items() if state != "delivered")
+    return {
+        "events": events,
+        "deliveries": deliveries,
+        "backlog": backlog,
+        "oldest_undelivered_age_seconds": _age(now, oldest),
+    }
+
+
+def _last_reconcile(session: Session, now: datetime) -> dict[str, Any] | None:
+    row = session.execute(
+        select(MaintenanceRun)
+        .where(MaintenanceRun.kind == "reconcile")
+        .order_by(MaintenanceRun.started_at.desc(), MaintenanceRun.id.desc())
+        .limit(1)
+    ).scalar_one_or_none()
+    if row is None:
+        return None
+    summary = row.summary or {}
+    return {
+        "started_at": _iso(row.started_at),
+        "finished_at": _iso(row.finished_at),
+        "age_seconds": _age(now, row.started_at),
+        "state": summary.get("state", "done" if row.finished_at else "running"),
+        "listed": summary.get("listed"),
+        "wanted": len(summary.get("wanted") or []),
+        "runs_evaluated": len(summary.get("runs_evaluated") or []),
+        "complete": summary.get("complete"),
+    }
+
+
+def _budget(services: Services) -> int | None:
+    if services.budget is None:
+        return None
+    try:
+        return int(services.budget.remaining())
+    except Exception:  # Redis away: the status page still shows the rest
+        return None
+
+
+def overview(services: Services, *, limit: int = 50) -> dict[str, Any]:
+    """Everything ``scrapesync status`` and the status page show, as plain values."""
+    now = services.clock()
+    with services.uow.begin() as session:
+        values: dict[str, Any] = {
+            "generated_at": _iso(now),
+            "runs": _runs(session, limit=limit),
+            "tasks": _tasks(session, now),
+            "outbox": _outbox(session, now),
+            "last_reconcile": _last_reconcile(session, now),
+        }
+    values["api_budget"] = {
+        "remaining": _budget(services),
+        "limit": services.settings.api_budget_limit,
+        "window_seconds": services.settings.api_budget_window,
+    }
+    return values
+
+
+def duration(seconds: float | None) -> str:
+    """An age in seconds as a person reads it: 45 s, 12 min, 3.5 h, 2.0 d."""
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def format_table(values: dict[str, Any]) -> str:
+    """The overview as the plain-text report ``scrapesync status`` prints."""
+    header = ("RUN", "STATE", "RECORDS", "EXPECTED", "COVERAGE", "FAILED", "EMPTY", "PUBLISHED")
+    rows: list[tuple[str, ...]] = [header]
+    for run in values["runs"]:
+        coverage = run["coverage_percent"]
+        rows.append(
+            (
+                run["run_id"],
+                run["state"],
+                str(run["observations"]),
+                str(run["expected_records"]),
+                "-" if coverage is None else f"{coverage:g}%",
+                str(run["pages_failed"]),
+                str(run["pages_empty"]),
+                "yes" if run["published"] else "",
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    if not values["runs"]:
+        lines.append("(no runs yet)")
+    for run in values["runs"]:
+        notes = list(run["reasons"])
+        notes += [
+            f"partition {p['partition']}: {p['state']}"
+            + (f" ({'; '.join(p['reasons'])})" if p["reasons"] else "")
+            for p in run["partitions"]
+            if p["state"] not in ("passed", "accepted") or p["reasons"]
+        ]
+        if notes:
+            lines.append(f"{run['run_id']}:")
+            lines.extend(f"  - {note}" for note in notes)
+    tasks = values["tasks"]
+    by_state = ", ".join(f"{n} {s}" for s, n in tasks["by_state"].items() if n) or "none"
+    lines.append("")
+    lines.append(
+        f"tasks: {by_state}; "
+        + (
+            "no lease held"
+            if tasks["oldest_lease_age_seconds"] is None
+            else f"oldest lease {duration(tasks['oldest_lease_age_seconds'])}, "
+            f"{tasks['expired_leases']} expired"
+        )
+    )
+    outbox = values["outbox"]
+    lines.append(
+        f"outbox: {outbox['backlog']} undelivered"
+        + (
+            f" (oldest {duration(outbox['oldest_undelivered_age_seconds'])})"
+            if outbox["backlog"]
+            else ""
+        )
+        + "; "
+        + (", ".join(f"{n} {s}" for s, n in sorted(outbox["events"].items())) or "no events")
+    )
+    last = values["last_reconcile"]
+    if last is None:
+        lines.append("last reconcile: never")
+    else:
+        lines.append(
+            f"last reconcile: {duration(last['age_seconds'])} ago ({last['state']}, "
+            f"{last['listed']} jobs listed, {last['wanted']} syncs wanted)"
+        )
+    budget = values["api_budget"]
+    remaining = "unknown" if budget["remaining"] is None else str(budget["remaining"])
+    lines.append(
+        f"API budget: {remaining} of {budget['limit']} calls left in this "
+        f"{budget['window_seconds']:.0f} s window"
+    )
+    return "\n".join(lines)

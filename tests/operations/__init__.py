@@ -1,0 +1,1 @@
+"""Tests of the operator's commands: launch, reconcile, rerun, status and the demo."""

@@ -1,0 +1,90 @@
+"""`scrapesync demo`: on a machine with nothing configured it runs the whole flow and exits 0,
+leaving a published export that holds exactly the records Cloud scraped."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from simulator import generate_records
+from tests.conftest import REDIS_URL
+
+pytestmark = pytest.mark.slow
+
+CONFIGURATION = (
+    "DATABASE_URL",
+    "REDIS_URL",
+    "WEBSCRAPER_API_TOKEN",
+    "WEBSCRAPER_API_URL",
+    "WEBHOOK_TOKEN",
+    "SCRAPESYNC_DATASETS",
+    "SCRAPESYNC_STATUS_TOKEN",
+    "SCRAPESYNC_EXPORT_DIR",
+    "SCRAPESYNC_KILL_AT",
+)
+
+
+def _demo(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the demo in a fresh folder with none of scrapesync's variables set."""
+    clean = {k: v for k, v in os.environ.items() if k not in CONFIGURATION}
+    folder = tmp_path / "demo"
+    done = subprocess.run(
+        [sys.executable, "-c", "from sync.cli import run; run()", "demo", "--dir", str(folder)],
+        cwd=tmp_path,
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    return done, folder
+
+
+def _check_export(folder: Path) -> None:
+    (path,) = (folder / "exports").glob("*.jsonl")
+    exported = [json.loads(line) for line in path.read_text("utf-8").splitlines()]
+    assert exported == sorted(generate_records(300), key=lambda r: r["sku"])
+    manifest = json.loads(next((folder / "exports").glob("*.manifest.json")).read_text("utf-8"))
+    assert (manifest["records"], manifest["state"], manifest["is_published"]) == (
+        300,
+        "published",
+        True,
+    )
+
+
+def test_the_demo_runs_the_whole_flow_without_any_configuration(tmp_path: Path) -> None:
+    """No variables, no Redis: in-process queue, 300 records synced, accepted, published,
+    announced with valid signatures, nothing left for a reconcile, and the export written."""
+    done, folder = _demo(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "in-process worker thread" in out
+    assert "Cloud scraped 300 records and notified 2 times" in out
+    assert "synced 300 observations into SQL" in out
+    assert "accepted and published" in out
+    assert "(run.accepted, dataset.published); signatures valid" in out
+    assert "a second pass: nothing to do" in out
+    run_line = next(line for line in out.splitlines() if line.startswith("products-"))
+    assert run_line.split()[1:] == ["published", "300", "300", "100%", "0", "0", "yes"]
+    assert f"export:   {folder / 'exports'}" in out
+    _check_export(folder)
+    log_lines = (folder / "scrapesync.log").read_text("utf-8").splitlines()
+    events = [json.loads(line)["event"] for line in log_lines]
+    assert events.count("notification.accepted") == 2
+    assert "attempt.committed" in events
+    assert events.count("delivery.delivered") == 2
+    assert "api_token=" not in "".join(log_lines)
+
+
+@pytest.mark.redis
+def test_the_demo_uses_redis_when_redis_url_answers(tmp_path: Path) -> None:
+    """REDIS_URL that answers: the same flow through RQ on a queue of the demo's own."""
+    done, folder = _demo(tmp_path, REDIS_URL=REDIS_URL)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"RQ on {REDIS_URL} (queue scrapesync-demo-" in done.stdout
+    _check_export(folder)

@@ -1,0 +1,138 @@
+"""The status page and its JSON twin, behind the status token.
+
+``GET /status`` is an HTML page for a person (runs with coloured states, reasons, partition
+verdicts, an inline SVG chart of records per run; no JavaScript). ``GET /api/runs`` is the same
+overview as JSON for machines. Both need ``SCRAPESYNC_STATUS_TOKEN``: as ``?token=``, as
+``Authorization: Bearer <token>``, or as the password of HTTP basic auth (any user name), so a
+browser can simply ask for it. Without a configured token the pages are off (403).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+from typing import Any
+
+from flask import Blueprint, Response, current_app, jsonify, render_template, request
+
+from sync import status
+from webhooks import services_of
+
+bp = Blueprint("status", __name__, template_folder="templates")
+
+STATE_COLOURS = {
+    "collecting": "#6b7280",
+    "candidate": "#b45309",
+    "accepted": "#2563eb",
+    "published": "#15803d",
+    "rejected": "#b91c1c",
+}
+CHART_WIDTH = 760
+CHART_HEIGHT = 150
+CHART_RUNS = 30
+
+
+def _offered_token() -> str | None:
+    """The token the request carries, wherever it carries it."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    if scheme.lower() == "basic" and value.strip():
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return decoded.partition(":")[2] or None
+    return request.args.get("token") or None
+
+
+def _refusal() -> Response | None:
+    """None when the request may see the status; otherwise the answer that says why not."""
+    expected = services_of(current_app).settings.status_token
+    if not expected:
+        response = jsonify(
+            error="Forbidden", detail="the status pages are off: set SCRAPESYNC_STATUS_TOKEN"
+        )
+        response.status_code = 403
+        return response
+    offered = _offered_token()
+    if offered is not None and hmac.compare_digest(offered.encode(), expected.encode()):
+        return None
+    response = jsonify(error="Unauthorized", detail="send the status token")
+    response.status_code = 401
+    response.headers["WWW-Authenticate"] = 'Basic realm="scrapesync status", charset="UTF-8"'
+    return response
+
+
+def _private(response: Response) -> Response:
+    response.headers["Cache-Control"] = "no-store"
+    response.headers["Referrer-Policy"] = "no-referrer"
+    return response
+
+
+def chart(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Bars of records per run, oldest left, coloured by state, as SVG geometry."""
+    shown = list(reversed(runs[:CHART_RUNS]))
+    top = max([r["observations"] for r in shown] + [r["expected_records"] for r in shown] + [1])
+    left, bottom, plot_height = 48, CHART_HEIGHT - 28, CHART_HEIGHT - 48
+    slot = (CHART_WIDTH - left - 8) / max(len(shown), 1)
+    width = max(4.0, min(48.0, slot * 0.7))
+    label_every = max(1, len(shown) // 10)
+    bars: list[dict[str, Any]] = []
+    for i, run in enumerate(shown):
+        height = plot_height * run["observations"] / top
+        x = left + i * slot + (slot - width) / 2
+        expected = run["expected_records"]
+        bars.append(
+            {
+                "x": round(x, 1),
+                "y": round(bottom - height, 1),
+                "width": round(width, 1),
+                "height": round(height, 1),
+                "colour": STATE_COLOURS.get(run["state"], "#6b7280"),
+                "label": run["window"] if i % label_every == 0 else "",
+                "label_x": round(x + width / 2, 1),
+                "expected_y": round(bottom - plot_height * expected / top, 1) if expected else None,
+                "title": (
+                    f"{run['run_id']}: {run['observations']} records"
+                    f" of {expected} expected, {run['state']}"
+                ),
+            }
+        )
+    return {
+        "width": CHART_WIDTH,
+        "height": CHART_HEIGHT,
+        "left": left,
+        "bottom": bottom,
+        "top_y": bottom - plot_height,
+        "top_value": top,
+        "bars": bars,
+    }
+
+
+@bp.get("/status")
+def status_page() -> Any:
+    """The operator's status page (HTML)."""
+    refusal = _refusal()
+    if refusal is not None:
+        return refusal
+    values = status.overview(services_of(current_app))
+    html = render_template(
+        "status.html",
+        o=values,
+        chart=chart(values["runs"]),
+        colours=STATE_COLOURS,
+        duration=status.duration,
+    )
+    return _private(Response(html, mimetype="text/html"))
+
+
+@bp.get("/api/runs")
+def runs_json() -> Any:
+    """The same overview as JSON: runs, tasks, outbox, last reconcile, API budget."""
+    refusal = _refusal()
+    if refusal is not None:
+        return refusal
+    return _private(jsonify(status.overview(services_of(current_app))))
