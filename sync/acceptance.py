@@ -73,6 +73,7 @@ class JobFacts:
     data_quality: Mapping[str, Any] | None = None
     problematic_urls: Sequence[Mapping[str, Any]] = ()
     quality_error: str | None = None
+    recovery_start_urls: Sequence[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -314,21 +315,40 @@ _PAGE_RULES = (
 )
 
 
+def repaired_pages(jobs: Sequence[JobFacts]) -> set[str]:
+    """Pages a finished recovery job of the run scraped again without a problem."""
+    repaired: set[str] = set()
+    for job in jobs:
+        if job.recovery_start_urls is None or job.status != "finished":
+            continue
+        still = {str(u.get("url")) for u in job.problematic_urls}
+        repaired |= {url for url in job.recovery_start_urls if url not in still}
+    return repaired
+
+
 def page_counter_reasons(jobs: Sequence[JobFacts], quality: Quality) -> list[Reason]:
-    """Cloud's failed, empty and no-value page counts against the pages scheduled."""
-    scheduled = sum(job.jobs_scheduled for job in jobs)
+    """Cloud's failed, empty and no-value page counts against the pages scheduled.
+
+    Recovery jobs (reruns under the run) add no pages of their own: a page they scraped again
+    without a problem no longer counts against the job that first failed it, and one that still
+    fails is already counted there."""
+    originals = [job for job in jobs if job.recovery_start_urls is None]
+    repaired = repaired_pages(jobs)
+    scheduled = sum(job.jobs_scheduled for job in originals)
     reasons: list[Reason] = []
     for code, counter, threshold_name, url_type, verb in _PAGE_RULES:
-        pages = sum(int(getattr(job, counter)) for job in jobs)
+        listed = [
+            str(u.get("url"))
+            for job in originals
+            for u in job.problematic_urls
+            if u.get("type") == url_type
+        ]
+        fixed = sum(1 for url in listed if url in repaired)
+        pages = max(0, sum(int(getattr(job, counter)) for job in originals) - fixed)
         got = percent(pages, scheduled)
         expected = float(getattr(quality, threshold_name))
         if got > expected:
-            urls = [
-                str(u.get("url"))
-                for job in jobs
-                for u in job.problematic_urls
-                if u.get("type") == url_type
-            ][:SAMPLES]
+            urls = [url for url in listed if url not in repaired][:SAMPLES]
             reasons.append(
                 Reason(
                     code,
@@ -351,15 +371,29 @@ def _quality_leaves(result: Mapping[str, Any]) -> Iterable[tuple[str, Mapping[st
             yield key, value
 
 
+def _superseded_criteria(job: JobFacts, repaired: set[str]) -> set[str]:
+    """Cloud's page-percentage criteria of a job whose problem pages of that kind were all
+    scraped again cleanly by a recovery job: Cloud judged the job before the repair, and
+    :func:`page_counter_reasons` counts the pages that are still bad."""
+    superseded = set()
+    for _code, _counter, criterion, url_type, _verb in _PAGE_RULES:
+        urls = [str(u.get("url")) for u in job.problematic_urls if u.get("type") == url_type]
+        if urls and all(url in repaired for url in urls):
+            superseded.add(criterion)
+    return superseded
+
+
 def cloud_quality_reasons(jobs: Sequence[JobFacts], quality: Quality) -> list[Reason]:
     """Cloud's data-quality result of every finished job, unless the dataset switched it off;
     a result that could not be read yet is a ``waiting`` reason, not a failure."""
     if not quality.use_cloud_quality:
         return []
+    repaired = repaired_pages(jobs)
     reasons: list[Reason] = []
     for job in jobs:
         if job.status != "finished":
             continue
+        superseded = _superseded_criteria(job, repaired)
         result = job.data_quality
         if result is None:
             reasons.append(
@@ -371,7 +405,11 @@ def cloud_quality_reasons(jobs: Sequence[JobFacts], quality: Quality) -> list[Re
                 )
             )
             continue
-        failed = [(name, leaf) for name, leaf in _quality_leaves(result) if not leaf["success"]]
+        failed = [
+            (name, leaf)
+            for name, leaf in _quality_leaves(result)
+            if not leaf["success"] and name not in superseded
+        ]
         for name, leaf in failed:
             reasons.append(
                 Reason(
@@ -383,7 +421,7 @@ def cloud_quality_reasons(jobs: Sequence[JobFacts], quality: Quality) -> list[Re
                     detail={"job_id": job.job_id, "criterion": name},
                 )
             )
-        if not failed and result.get("overall_data_quality_success") is False:
+        if not failed and not superseded and result.get("overall_data_quality_success") is False:
             reasons.append(
                 Reason(
                     "cloud_quality",

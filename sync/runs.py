@@ -404,6 +404,14 @@ def _job_facts(session: Session, run_id: str, errors: Mapping[int, str]) -> list
     jobs = session.execute(
         select(ScrapingJob).where(ScrapingJob.run_id == run_id).order_by(ScrapingJob.job_id)
     ).scalars()
+    recovery_urls = {
+        batch: list(urls or [])
+        for batch, urls in session.execute(
+            select(Launch.batch_id, Launch.start_urls).where(
+                Launch.run_id == run_id, Launch.kind == "rerun"
+            )
+        ).all()
+    }
     facts = []
     for job in jobs:
         fresh = job.quality_checked_at is not None and job.quality_checked_at >= job.last_seen_at
@@ -420,6 +428,11 @@ def _job_facts(session: Session, run_id: str, errors: Mapping[int, str]) -> list
                 data_quality=job.data_quality if fresh else None,
                 problematic_urls=(job.problematic_urls or []) if fresh else [],
                 quality_error=errors.get(job.job_id),
+                recovery_start_urls=(
+                    recovery_urls.get(job.recovery_batch, [])
+                    if job.recovery_batch is not None
+                    else None
+                ),
             )
         )
     return facts

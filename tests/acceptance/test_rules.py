@@ -194,6 +194,25 @@ def test_page_counters_add_up_over_the_runs_jobs() -> None:
     assert (reason.code, reason.got) == ("failed_pages", 6.0)
 
 
+def test_pages_a_recovery_job_scraped_cleanly_no_longer_count() -> None:
+    """A rerun of the failed pages under the run: pages it scraped without a problem are
+    repaired; pages that failed again still count, once, against the original job."""
+    failed = [{"url": f"https://a/{i}", "type": "failed"} for i in range(10)]
+    original = finished(1, scheduled=100, jobs_failed=10, problematic_urls=failed)
+    clean = replace(finished(2, scheduled=10), recovery_start_urls=[u["url"] for u in failed])
+    assert acceptance.page_counter_reasons([original, clean], QUALITY) == []
+    partly = replace(
+        finished(2, scheduled=10, jobs_failed=6, problematic_urls=failed[:6]),
+        recovery_start_urls=[u["url"] for u in failed],
+    )
+    (reason,) = acceptance.page_counter_reasons([original, partly], QUALITY)
+    assert (reason.code, reason.got, reason.detail["scheduled"]) == ("failed_pages", 6.0, 100)
+    assert reason.detail["sample_urls"] == [u["url"] for u in failed[: acceptance.SAMPLES]]
+    unfinished = replace(clean, status="started")
+    (still,) = acceptance.page_counter_reasons([original, unfinished], QUALITY)
+    assert still.got == 10.0
+
+
 def test_every_failed_leaf_of_clouds_data_quality_is_a_reason() -> None:
     """Cloud's result is read leaf by leaf, column criteria included."""
     result = {
