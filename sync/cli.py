@@ -94,6 +94,11 @@ def sync_command(job_id: int) -> None:
     if result.error:
         line += f" ({result.error})"
     click.echo(line)
+    if result.outcome == "committed" and result.state == "committed" and result.run_id:
+        from sync import runs
+
+        evaluation = runs.evaluate_run(services, result.run_id)
+        click.echo(f"run {result.run_id}: {evaluation.state} ({evaluation.outcome})")
     if result.outcome not in ("committed",):
         sys.exit(1)
 

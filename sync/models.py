@@ -180,6 +180,7 @@ class Attempt(Base):
     updated: Mapped[int] = mapped_column(Integer, default=0)
     unchanged: Mapped[int] = mapped_column(Integer, default=0)
     missing_key: Mapped[int] = mapped_column(Integer, default=0)
+    protected: Mapped[int] = mapped_column(Integer, default=0)
     duplicate_keys: Mapped[int] = mapped_column(Integer, default=0)
     conflicting_duplicates: Mapped[int] = mapped_column(Integer, default=0)
 

@@ -43,7 +43,12 @@ POLL_CAP = 900.0
 
 
 class JobNotFinishedError(Exception):
-    """Cloud is still scraping the job; its data is not final."""
+    """Cloud is still scraping the job; its data is not final. The run it belongs to is known,
+    so the run waits for it."""
+
+    def __init__(self, message: str, *, run_id: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
 
 
 class NoDatasetError(Exception):
@@ -58,6 +63,7 @@ class Target:
     run_id: str
     window: str
     recovery_batch: str | None
+    frozen_partitions: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -118,13 +124,14 @@ def resolve_target(services: Services, job: ScrapingJob) -> Target:
             run_id = launch.run_id if launch is not None else job.custom_id
             run = session.get(Run, run_id)
             if run is not None and run.dataset in services.datasets.by_name:
+                recovery = launch if launch is not None and launch.kind == "rerun" else None
+                frozen = (recovery.manifest or {}).get("partitions", {}) if recovery else {}
                 return Target(
                     dataset=services.datasets.get(run.dataset),
                     run_id=run.run_id,
                     window=run.collection_window,
-                    recovery_batch=(
-                        launch.batch_id if launch is not None and launch.kind == "rerun" else None
-                    ),
+                    recovery_batch=recovery.batch_id if recovery is not None else None,
+                    frozen_partitions=frozenset(frozen),
                 )
     dataset = services.datasets.for_sitemap(job.sitemap_id, job.sitemap_name)
     if dataset is None:
@@ -161,11 +168,12 @@ def run_sync(services: Services, task_key: str) -> SyncResult:
     try:
         with services.cloud() as cloud:
             job = cloud.get_job(lease.job_id)
+            target = resolve_target(services, job)
             if not job.is_terminal:
                 raise JobNotFinishedError(
-                    f"scraping job {job.id} is {job.status!r}; its data is not final yet"
+                    f"scraping job {job.id} is {job.status!r}; its data is not final yet",
+                    run_id=target.run_id,
                 )
-            target = resolve_target(services, job)
             result = _import(services, cloud, lease, job, target)
     except StaleLeaseError as exc:
         _finish_attempt(services, lease, outcome="stale", error_class="StaleLease", error=str(exc))
@@ -192,7 +200,7 @@ def _import(
     dataset = target.dataset
     settings = services.settings
     heartbeat_every = timedelta(seconds=settings.lease_seconds / 3)
-    read = missing = 0
+    read = missing = protected = 0
     with services.uow.begin() as session:
         postgres = services.uow.dialect == "postgresql"
         stager = store.ObservationStager(session)
@@ -203,12 +211,16 @@ def _import(
             if key is None:
                 missing += 1
                 continue
+            partition = partition_of(record, dataset)
+            if partition in target.frozen_partitions:
+                protected += 1  # a recovery batch never rewrites a partition that passed
+                continue
             canonical = canonical_json(business_fields(record))
             start_url = record.get("web-scraper-start-url")
             stager.add(
                 observation_key(dataset.name, target.window, key),
                 key,
-                partition_of(record, dataset),
+                partition,
                 start_url if isinstance(start_url, str) else None,
                 canonical,
                 payload_hash(canonical),
@@ -252,6 +264,7 @@ def _import(
             updated=counts.updated,
             unchanged=counts.unchanged,
             missing_key=missing,
+            protected=protected,
             duplicate_keys=counts.duplicate_keys,
             conflicting_duplicates=counts.conflicting_duplicates,
         )
@@ -305,6 +318,7 @@ def _settle_failure(services: Services, lease: Lease, exc: BaseException) -> Syn
             error=message,
             next_attempt_at=next_at,
             count_failure=verdict.count_failure,
+            run_id=exc.run_id if isinstance(exc, JobNotFinishedError) else None,
             now=now,
         )
         store.finish_attempt(

@@ -229,3 +229,61 @@ def test_a_rerun_needs_a_known_run_and_one_choice(services: Services, cloud: Clo
     assert unknown.exit_code == 1
     assert "no run 'products-1999-01-01'" in unknown.output
     assert cloud.requests == []
+
+
+def test_a_failed_pages_rerun_that_scrapes_them_cleanly_promotes_the_run(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A run rejected for failed pages is accepted and published once a recovery job under it
+    has scraped those pages without a problem."""
+    outcome = launch.launch(services, "products", window=WINDOW)
+    assert outcome.job_id is not None
+    cloud.set_generated(outcome.job_id, 30)
+    problems = [(f"https://beta.example/p/{900 + i}", "failed") for i in range(3)]
+    cloud.run_job(outcome.job_id, problematic_urls=problems)
+    notify(web, outcome.job_id, custom_id=RUN_ID)
+    drain(services)
+    run = _run(services)
+    assert run["state"] == "rejected"
+    assert "failed_pages" in {r["code"] for r in run["reasons"]}
+
+    result = rerun.rerun(services, RUN_ID, failed_pages=True)
+    assert result.job_id is not None
+    repaired = [
+        {
+            "sku": f"SKU-9{i:02d}",
+            "title": "t",
+            "price": "9.99",
+            "url": url,
+            "retailer": "beta.example",
+        }
+        for i, (url, _) in enumerate(problems)
+    ]
+    cloud.set_records(result.job_id, repaired)
+    cloud.run_job(result.job_id, problematic_urls=[])
+    notify(web, result.job_id, custom_id=result.batch_id)
+    drain(services)
+    run = _run(services)
+    assert run["state"] == "published", run["reasons"]
+    assert "failed_pages" not in {r["code"] for r in run["reasons"]}
+
+
+def test_a_recovery_batch_never_rewrites_a_partition_that_passed(
+    web: Flask, services: Services, cloud: CloudState, rejected_run: int
+) -> None:
+    """A recovery page that also lists an item of a passing partition leaves that row alone and
+    counts the record as protected on the attempt."""
+    others = {k: v for k, v in _rows(services).items() if v[4] != BROKEN}
+    outcome = rerun.rerun(services, RUN_ID, partition=BROKEN)
+    assert outcome.job_id is not None
+    repaired = [r for r in _records(broken=False) if r["retailer"] == BROKEN]
+    stray = dict(next(r for r in _records(broken=False) if r["retailer"] == "alpha.example"))
+    stray["price"] = "0.01"
+    _run_job(web, services, cloud, outcome.job_id, [*repaired, stray])
+    assert {k: v for k, v in _rows(services).items() if v[4] != BROKEN} == others
+    with services.uow.begin() as session:
+        protected = session.execute(
+            select(Attempt.protected).where(Attempt.job_id == outcome.job_id)
+        ).scalar_one()
+    assert protected == 1
+    assert _run(services)["state"] == "published"

@@ -168,6 +168,8 @@ def test_a_job_still_running_waits_and_its_notification_wakes_it(
     drain(services)
     task = task_of(services, f"job-{job_id}")
     assert (task.state, task.last_error_class) == ("retry_wait", "JobNotFinishedError")
+    assert task.run_id is not None
+    assert task.run_id.startswith("products-")
     assert task.next_attempt_at > services.clock() + timedelta(seconds=30)
     assert observation_count(services) == 0
     cloud.finish_job(job_id)
@@ -490,6 +492,8 @@ def test_the_sync_command_runs_a_job_in_the_foreground(
     assert result.exit_code == 0, result.output
     assert f"job-{job_id}: committed" in result.output
     assert "inserted=7" in result.output
+    assert "run products-" in result.output
+    assert "published" in result.output
     again = CliRunner().invoke(main, ["sync", str(job_id)])
     assert "inserted=0" in again.output
     assert "unchanged=7" in again.output

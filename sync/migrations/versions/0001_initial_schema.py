@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: (none)
-Create Date: 2026-12-02 15:56:02.429591
+Create Date: 2026-12-02 16:33:26.526573
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ def upgrade() -> None:
         sa.Column("updated", sa.Integer(), nullable=False),
         sa.Column("unchanged", sa.Integer(), nullable=False),
         sa.Column("missing_key", sa.Integer(), nullable=False),
+        sa.Column("protected", sa.Integer(), nullable=False),
         sa.Column("duplicate_keys", sa.Integer(), nullable=False),
         sa.Column("conflicting_duplicates", sa.Integer(), nullable=False),
         sa.PrimaryKeyConstraint("attempt_id", name=op.f("pk_attempts")),
