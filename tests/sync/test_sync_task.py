@@ -429,6 +429,7 @@ def test_the_sweeper_returns_expired_leases_to_the_queue(
     assert outcomes == ["abandoned", "committed"]
 
 
+@pytest.mark.postgres  # heartbeats run on PostgreSQL; SQLite has a single writer
 def test_a_long_download_keeps_its_lease_alive_with_heartbeats(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -437,8 +438,6 @@ def test_a_long_download_keeps_its_lease_alive_with_heartbeats(
     import dataclasses
     import itertools
 
-    if services.uow.dialect != "postgresql":
-        pytest.skip("heartbeats run on PostgreSQL; SQLite has a single writer")
     job_id = _finished_job(cloud, n=3000)
     key = f"job-{job_id}"
     notify(web, job_id)
