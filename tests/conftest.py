@@ -11,6 +11,8 @@ from sqlalchemy import Engine, MetaData, inspect, text
 from sync import db
 from sync.models import Base
 
+pytest_plugins = ["tests.harness"]
+
 DEFAULT_TEST_DATABASE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 DATABASE_URL = os.environ.get("SCRAPESYNC_TEST_DATABASE_URL", DEFAULT_TEST_DATABASE)
 REDIS_URL = os.environ.get("SCRAPESYNC_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")

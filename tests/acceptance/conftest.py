@@ -8,7 +8,6 @@ import pytest
 
 from config.datasets import Datasets, parse_datasets
 from tests.acceptance.flow import DATASETS_TOML, Receiver, wire_receiver
-from tests.sync.conftest import cloud, services, sleeps, web  # noqa: F401 - shared fixtures
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from sync import export, runs, store, tasks
 from sync.bootstrap import Services
 from sync.queue import RecordingDispatcher, RQDispatcher
 from sync.runs import RunVerdict
-from tests.sync.conftest import drain, products_sitemap
+from tests.harness import drain, products_sitemap
 
 SECRET_ENV = "PRODUCTS_HOOK_SECRET"
 SECRET = "whsec_" + base64.b64encode(b"the receiver's shared signing key!").decode()

@@ -16,7 +16,7 @@ from simulator import CloudState
 from sync.bootstrap import Services
 from sync.cli import main
 from tests.acceptance.flow import finished_job, product_records, run_id_of, settle
-from tests.sync.conftest import notify
+from tests.harness import notify
 
 pytestmark = pytest.mark.redis
 

@@ -29,7 +29,7 @@ from tests.acceptance.flow import (
     verdict,
     with_policy,
 )
-from tests.sync.conftest import notify, products_sitemap
+from tests.harness import notify, products_sitemap
 
 pytestmark = pytest.mark.redis
 

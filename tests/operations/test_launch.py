@@ -19,8 +19,7 @@ from sync.bootstrap import Services, worker_retry_policy
 from sync.cli import main
 from sync.client import CloudClient
 from sync.models import Launch, Run
-from tests.operations.conftest import API_TOKEN
-from tests.sync.conftest import products_sitemap
+from tests.harness import API_TOKEN, products_sitemap
 
 WINDOW = "2026-12-02"
 RUN_ID = f"products-{WINDOW}"

@@ -34,8 +34,7 @@ from sync.models import (
 )
 from sync.queue import RecordingDispatcher, RQDispatcher
 from sync.reconcile import Wanted
-from tests.operations.conftest import API_TOKEN
-from tests.sync.conftest import DATASETS_TOML, drain, notify, products_sitemap
+from tests.harness import API_TOKEN, DATASETS_TOML, drain, notify, products_sitemap
 
 pytestmark = pytest.mark.redis
 

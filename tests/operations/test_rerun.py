@@ -17,7 +17,7 @@ from sync.bootstrap import Services
 from sync.cli import main
 from sync.models import Attempt, Launch, Observation, OutboxEvent, PartitionVerdict, Run
 from sync.models import ScrapingJob as JobRow
-from tests.sync.conftest import drain, notify
+from tests.harness import drain, notify
 
 pytestmark = pytest.mark.redis
 

@@ -22,7 +22,7 @@ from simulator import CloudState, generate_records
 from sync import launch, reconcile
 from sync.bootstrap import Services
 from sync.cli import main
-from tests.sync.conftest import drain, notify
+from tests.harness import drain, notify
 from webhooks import create_app
 
 pytestmark = pytest.mark.redis

@@ -16,7 +16,6 @@ import pytest
 
 from tests.acceptance.conftest import datasets, receiver  # noqa: F401 - shared fixtures
 from tests.acceptance.flow import SECRET, verify_signature
-from tests.sync.conftest import cloud, services, sleeps, web  # noqa: F401 - shared fixtures
 
 
 @dataclass

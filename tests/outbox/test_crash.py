@@ -3,15 +3,13 @@ recovery the receiver sees each event exactly once."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from flask import Flask
 from sqlalchemy import select
 
-from simulator import CloudState, serve
+from simulator import CloudState
 from simulator.server import SimServer
 from sync import jobs
 from sync.bootstrap import Services
@@ -26,37 +24,22 @@ from tests.acceptance.flow import (
     published,
     run_id_of,
 )
-from tests.conftest import REDIS_URL
+from tests.harness import deployment_env, notify, run_worker
 from tests.outbox.conftest import Loopback
-from tests.sync.conftest import API_TOKEN, WEBHOOK_TOKEN, notify
-from tests.sync.test_crash_safety import run_worker
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
 
 
 @pytest.fixture
-def sim(cloud: CloudState) -> Iterator[SimServer]:
-    """The simulator on a loopback socket, as a worker process reaches Cloud."""
-    with serve(cloud, host="127.0.0.1", port=0) as server:
-        yield server
-
-
-@pytest.fixture
 def env(tmp_path: Path, database_url: str, sim: SimServer, loopback: Loopback) -> dict[str, str]:
     """The environment of a worker of this deployment, announcing to the loopback receiver."""
-    datasets = tmp_path / "datasets.toml"
-    datasets.write_text(DATASETS_TOML.replace(HOOK_URL, loopback.url))
-    return {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "DATABASE_URL": database_url,
-        "REDIS_URL": REDIS_URL,
-        "WEBSCRAPER_API_URL": sim.api_url,
-        "WEBSCRAPER_API_TOKEN": API_TOKEN,
-        "WEBHOOK_TOKEN": WEBHOOK_TOKEN,
-        "SCRAPESYNC_DATASETS": str(datasets),
-        SECRET_ENV: SECRET,
-    }
+    return deployment_env(
+        tmp_path,
+        database_url=database_url,
+        sim=sim,
+        datasets_toml=DATASETS_TOML.replace(HOOK_URL, loopback.url),
+        **{SECRET_ENV: SECRET},
+    )
 
 
 def test_a_worker_killed_after_acceptance_delivers_each_event_once_after_restart(

@@ -35,8 +35,8 @@ from tests.acceptance.flow import (
     use_datasets,
     verify_signature,
 )
+from tests.harness import at_time, notify
 from tests.outbox.conftest import Loopback
-from tests.sync.conftest import at_time, notify
 
 pytestmark = pytest.mark.redis
 

@@ -3,12 +3,9 @@ and what they leave behind is recovered without losing a task or duplicating a r
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -16,76 +13,34 @@ import pytest
 from flask import Flask
 from sqlalchemy import select
 
-from simulator import CloudState, serve
+from simulator import CloudState
 from simulator.server import SimServer
 from sync import sweeper
 from sync.bootstrap import Services
 from sync.models import Notification, Observation, SyncTask
 from sync.store import count_rows
-from tests.conftest import REDIS_URL
-from tests.sync.conftest import (
-    API_TOKEN,
-    DATASETS_TOML,
+from tests.harness import (
+    BIN,
     WEBHOOK_TOKEN,
     attempts_of,
+    deployment_env,
     notify,
     observation_count,
     products_sitemap,
+    run_worker,
     task_of,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
 
-BIN = Path(sys.executable).parent
 RECORDS = 6000  # more than one staging batch, so "mid-download" lands inside the stream
 
 
 @pytest.fixture
-def sim(cloud: CloudState) -> Iterator[SimServer]:
-    """The simulator on a loopback socket, as a worker process would reach Cloud."""
-    with serve(cloud, host="127.0.0.1", port=0) as server:
-        yield server
-
-
-@pytest.fixture
 def env(tmp_path: Path, database_url: str, sim: SimServer) -> dict[str, str]:
-    """The environment of a worker or web process of this deployment."""
-    datasets = tmp_path / "datasets.toml"
-    datasets.write_text(DATASETS_TOML)
-    return {
-        "PATH": os.environ["PATH"],
-        "HOME": str(tmp_path),
-        "DATABASE_URL": database_url,
-        "REDIS_URL": REDIS_URL,
-        "WEBSCRAPER_API_URL": sim.api_url,
-        "WEBSCRAPER_API_TOKEN": API_TOKEN,
-        "WEBHOOK_TOKEN": WEBHOOK_TOKEN,
-        "SCRAPESYNC_DATASETS": str(datasets),
-        "SCRAPESYNC_LEASE_SECONDS": "2",
-    }
-
-
-def run_worker(env: dict[str, str], kill_at: str | None = None) -> subprocess.CompletedProcess[str]:
-    """Run the Procfile's worker in burst mode until the queue is empty."""
-    extra = {"SCRAPESYNC_KILL_AT": kill_at} if kill_at else {}
-    return subprocess.run(
-        [
-            str(BIN / "rq"),
-            "worker",
-            "--burst",
-            "--worker-class",
-            "sync.worker.SyncWorker",
-            "--serializer",
-            "rq.serializers.JSONSerializer",
-            "--url",
-            REDIS_URL,
-            "scrapesync",
-        ],
-        env={**env, **extra},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    """The environment of a worker or web process of this deployment (short leases)."""
+    return deployment_env(
+        tmp_path, database_url=database_url, sim=sim, SCRAPESYNC_LEASE_SECONDS="2"
     )
 
 

@@ -14,7 +14,7 @@ from sync.bootstrap import Services
 from sync.models import Notification, SyncTask
 from sync.queue import RQDispatcher, sync_job_id
 from sync.store import count_rows
-from tests.sync.conftest import WEBHOOK_TOKEN, notify
+from tests.harness import WEBHOOK_TOKEN, notify
 from webhooks import create_app
 
 URL = f"/webhooks/webscraper/{WEBHOOK_TOKEN}"

@@ -15,7 +15,7 @@ from sync import store, sweeper, tasks
 from sync.bootstrap import Services
 from sync.models import Observation, Run
 from sync.queue import RQDispatcher
-from tests.sync.conftest import (
+from tests.harness import (
     at_time,
     attempts_of,
     drain,

@@ -1,10 +1,16 @@
-"""Fixtures for the sync path: the simulator as Cloud, wired services on the real databases."""
+"""The test harness of the sync path, loaded as a pytest plugin by tests/conftest.py: the
+simulator as Cloud (in-process and on loopback), services wired to the real databases, the web
+app, and real worker processes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,8 +23,9 @@ from sqlalchemy import select
 
 from config.datasets import Datasets, parse_datasets
 from config.settings import Settings
-from simulator import CloudState
+from simulator import CloudState, serve
 from simulator import create_app as create_simulator
+from simulator.server import SimServer
 from sync import bootstrap
 from sync.bootstrap import Services
 from sync.budget import MemoryApiBudget
@@ -185,3 +192,66 @@ def observation_count(services: Services) -> int:
     """How many observations the database holds."""
     with services.uow.begin() as session:
         return count_rows(session, Observation)
+
+
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def sim(cloud: CloudState) -> Iterator[SimServer]:
+    """The simulator on a loopback socket, as a worker process reaches Cloud."""
+    with serve(cloud, host="127.0.0.1", port=0) as server:
+        yield server
+
+
+def deployment_env(
+    tmp_path: Path,
+    *,
+    database_url: str,
+    sim: SimServer,
+    datasets_toml: str = DATASETS_TOML,
+    **extra: str,
+) -> dict[str, str]:
+    """The environment of a web or worker process of a test deployment."""
+    from tests.conftest import REDIS_URL
+
+    datasets_file = tmp_path / "datasets.toml"
+    datasets_file.write_text(datasets_toml)
+    return {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "DATABASE_URL": database_url,
+        "REDIS_URL": REDIS_URL,
+        "WEBSCRAPER_API_URL": sim.api_url,
+        "WEBSCRAPER_API_TOKEN": API_TOKEN,
+        "WEBHOOK_TOKEN": WEBHOOK_TOKEN,
+        "SCRAPESYNC_DATASETS": str(datasets_file),
+        **extra,
+    }
+
+
+def run_worker(
+    env: Mapping[str, str], kill_at: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the Procfile's worker in burst mode until the queue is empty (SIGKILLed at
+    ``kill_at`` if given)."""
+    extra = {"SCRAPESYNC_KILL_AT": kill_at} if kill_at else {}
+    return subprocess.run(
+        [
+            str(BIN / "rq"),
+            "worker",
+            "--burst",
+            "--worker-class",
+            "sync.worker.SyncWorker",
+            "--serializer",
+            "rq.serializers.JSONSerializer",
+            "--url",
+            env["REDIS_URL"],
+            "scrapesync",
+        ],
+        env={**env, **extra},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
