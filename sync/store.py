@@ -351,8 +351,10 @@ class UpsertCounts:
 
 class ObservationStager:
     """Collects one job's records in a temporary table (COPY on PostgreSQL), then merges them
-    into observations in one statement: new keys inserted, changed payloads updated, unchanged
-    payloads left alone. Memory stays flat however many records the job has."""
+    into observations: new keys inserted, changed payloads updated, unchanged payloads neither
+    written nor locked. Memory stays flat however many records the job has.
+
+    The staged payload is text: only the rows that are written get parsed as JSON."""
 
     def __init__(self, session: Session, *, batch_size: int = 5000) -> None:
         self.session = session
@@ -361,17 +363,11 @@ class ObservationStager:
         self.batch_size = batch_size
         self.count = 0
         self._batch: list[tuple[Any, ...]] = []
-        if self.postgres:
-            self.conn.exec_driver_sql(
-                "CREATE TEMP TABLE IF NOT EXISTS obs_staging (ord integer, observation_key text, "
-                "entity_key text, partition text, start_url text, payload jsonb, "
-                "payload_hash text) ON COMMIT DROP"
-            )
-        else:
-            self.conn.exec_driver_sql(
-                "CREATE TEMP TABLE IF NOT EXISTS obs_staging (ord integer, observation_key text, "
-                "entity_key text, partition text, start_url text, payload text, payload_hash text)"
-            )
+        self.conn.exec_driver_sql(
+            "CREATE TEMP TABLE IF NOT EXISTS obs_staging (ord integer, observation_key text, "
+            "entity_key text, partition text, start_url text, payload text, payload_hash text)"
+            + (" ON COMMIT DROP" if self.postgres else "")
+        )
         self.conn.exec_driver_sql("DELETE FROM obs_staging")
 
     def add(
@@ -434,41 +430,50 @@ class ObservationStager:
         """Merge the staged records into observations; the last record of a key wins."""
         self.flush()
         conn = self.conn
-        if self.postgres:
-            conn.exec_driver_sql("CREATE INDEX ON obs_staging (observation_key, ord)")
-            conn.exec_driver_sql("ANALYZE obs_staging")
         dup = conn.execute(
-            text("SELECT count(*) AS n, count(DISTINCT observation_key) AS keys FROM obs_staging")
-        ).one()
-        conflicting = conn.execute(
             text(
-                "SELECT count(*) FROM (SELECT observation_key FROM obs_staging "
-                "GROUP BY observation_key HAVING count(DISTINCT payload_hash) > 1) AS c"
+                "SELECT count(*) AS keys, coalesce(sum(n), 0) AS n, "
+                "count(*) FILTER (WHERE first_hash <> last_hash) AS conflicting "
+                "FROM (SELECT count(*) AS n, min(payload_hash) AS first_hash, "
+                "max(payload_hash) AS last_hash FROM obs_staging "
+                "GROUP BY observation_key HAVING count(*) > 1) AS d"
             )
-        ).scalar_one()
-        latest = (
-            "SELECT s.* FROM obs_staging s WHERE s.ord IN "
-            "(SELECT max(ord) FROM obs_staging GROUP BY observation_key)"
+        ).one()
+        duplicates = int(dup.n) - int(dup.keys)
+        if duplicates:
+            conn.execute(
+                text(
+                    "DELETE FROM obs_staging WHERE ord IN (SELECT s.ord FROM obs_staging s "
+                    "JOIN (SELECT observation_key, max(ord) AS last FROM obs_staging "
+                    "GROUP BY observation_key HAVING count(*) > 1) AS d "
+                    "ON d.observation_key = s.observation_key WHERE s.ord < d.last)"
+                )
+            )
+        # One join finds what is new or changed; only those rows are written (or even locked).
+        conn.exec_driver_sql(
+            "CREATE TEMP TABLE obs_changes AS SELECT l.*, o.observation_key IS NULL AS is_new "
+            "FROM obs_staging l LEFT JOIN observations o ON o.observation_key = l.observation_key "
+            "WHERE o.observation_key IS NULL OR o.payload_hash <> l.payload_hash"
         )
         diff = conn.execute(
             text(
-                "SELECT count(*) FILTER (WHERE o.observation_key IS NULL) AS inserted, "  # noqa: S608 - constant SQL
-                "count(*) FILTER (WHERE o.payload_hash <> l.payload_hash) AS updated "
-                f"FROM ({latest}) AS l LEFT JOIN observations o "
-                "ON o.observation_key = l.observation_key"
+                "SELECT count(*) AS written, count(*) FILTER (WHERE is_new) AS new FROM obs_changes"
             )
         ).one()
-        inserted, updated = int(diff.inserted), int(diff.updated)
+        inserted = int(diff.new)
+        updated = int(diff.written) - inserted
         if inserted or updated:
+            payload = "CAST(c.payload AS jsonb)" if self.postgres else "c.payload"
             conn.execute(
                 text(
                     "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "  # noqa: S608 - constant SQL
                     "collection_window, partition, start_url, payload, payload_hash, "
                     "source_job_id, source_attempt_id, validation_state, first_seen_at, "
                     "last_changed_at) "
-                    "SELECT l.observation_key, :dataset, l.entity_key, :run_id, :window, "
-                    "l.partition, l.start_url, l.payload, l.payload_hash, :job_id, :attempt_id, "
-                    f"'pending', :now, :now FROM ({latest}) AS l WHERE true "
+                    "SELECT c.observation_key, :dataset, c.entity_key, :run_id, :window, "
+                    f"c.partition, c.start_url, {payload}, c.payload_hash, :job_id, :attempt_id, "
+                    "'pending', :now, :now FROM obs_changes c WHERE true "
+                    "ORDER BY c.observation_key "  # index pages in key order, not at random
                     "ON CONFLICT (observation_key) DO UPDATE SET "
                     "payload = excluded.payload, payload_hash = excluded.payload_hash, "
                     "partition = excluded.partition, start_url = excluded.start_url, "
@@ -486,17 +491,18 @@ class ObservationStager:
                     "now": now,
                 },
             )
-        conn.exec_driver_sql("DELETE FROM obs_staging")
+        conn.exec_driver_sql("DROP TABLE obs_changes")
         if self.postgres:
             conn.exec_driver_sql("DROP TABLE obs_staging")
-        keys = int(dup.keys)
+        else:
+            conn.exec_driver_sql("DELETE FROM obs_staging")
         return UpsertCounts(
-            staged=int(dup.n),
+            staged=self.count,
             inserted=inserted,
             updated=updated,
-            unchanged=keys - inserted - updated,
-            duplicate_keys=int(dup.n) - keys,
-            conflicting_duplicates=int(conflicting),
+            unchanged=self.count - duplicates - inserted - updated,
+            duplicate_keys=duplicates,
+            conflicting_duplicates=int(dup.conflicting),
         )
 
 

@@ -1,0 +1,1 @@
+"""Benchmarks: how fast and how lean the sync path is on real PostgreSQL."""
