@@ -44,6 +44,7 @@ from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Final
 
 import httpx
+import orjson
 
 if TYPE_CHECKING:
     from sync.budget import ApiBudget
@@ -499,8 +500,8 @@ class CloudClient:
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-            except ValueError:
+                record = orjson.loads(line)  # several times faster than json on big exports
+            except orjson.JSONDecodeError:
                 record = None
             if not isinstance(record, dict):
                 raise CloudError(f"GET {path}: line {number} is not a JSON object")

@@ -12,9 +12,13 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import orjson
+
 from config.datasets import Dataset
 
 META_FIELDS = ("web-scraper-order", "web-scraper-start-url")
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_ORJSON_CANONICAL = orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
 TRACKING_PARAMS = ("utm_", "gclid", "fbclid", "mc_cid", "mc_eid", "_ga")
 
 
@@ -71,12 +75,21 @@ def observation_key(dataset: str, window: str, key: str) -> str:
 
 def payload_of(record: Mapping[str, Any]) -> dict[str, Any]:
     """The business fields of a record, without Cloud's per-job meta fields."""
-    return {k: v for k, v in record.items() if k not in META_FIELDS}
+    payload = dict(record)
+    for name in META_FIELDS:
+        payload.pop(name, None)
+    return payload
 
 
 def canonical_json(payload: Mapping[str, Any]) -> str:
-    """The one JSON spelling of a payload that its hash is taken over."""
-    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """The one JSON spelling of a payload that its hash is taken over: sorted keys, no spaces,
+    UTF-8 as is. orjson writes it several times faster than the standard library (it is most of
+    a repeat sync's cost); what orjson refuses (integers beyond 64 bits) takes the standard
+    spelling, so the same payload always gets the same text."""
+    try:
+        return orjson.dumps(payload, option=_ORJSON_CANONICAL).decode()
+    except orjson.JSONEncodeError:
+        return _CANONICAL.encode(payload)
 
 
 def payload_hash(canonical: str) -> str:

@@ -87,3 +87,14 @@ def test_partition_is_the_field_or_the_start_url_host() -> None:
     assert (
         partition_of({"web-scraper-start-url": "https://Beta.example/x"}, pages) == "beta.example"
     )
+
+
+def test_the_canonical_spelling_is_stable_for_every_json_value() -> None:
+    """Unicode, nesting, floats and integers beyond 64 bits all get one deterministic text."""
+    payload = {"b": [1, 2.5, None, True], "a": "Grüße \u2028 /x", "big": 2**70, "n": {"z": 1}}
+    text = canonical_json(payload)
+    assert text == canonical_json(dict(reversed(list(payload.items()))))
+    assert text.startswith('{"a":"Grüße')
+    assert str(2**70) in text
+    small = {"b": 1, "a": "é"}
+    assert canonical_json(small) == '{"a":"é","b":1}'
