@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from redis import Redis
-from sqlalchemy import Engine, MetaData, event, func, make_url, select, text
+from sqlalchemy import URL, Engine, MetaData, event, func, make_url, select, text
 
 from config.datasets import parse_datasets
 from config.settings import Settings
@@ -216,12 +216,29 @@ class Bench:
     profile_dir: Path | None
 
 
+def _create_database(server: URL, name: str) -> None:
+    """Create the benchmark database on a fresh server (CREATE DATABASE cannot run in a
+    transaction, hence autocommit)."""
+    engine = db.make_engine(server.render_as_string(hide_password=False))
+    try:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            exists = conn.execute(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": name}
+            ).first()
+            if exists is None:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+    finally:
+        engine.dispose()
+
+
 def _recreate_schema(url: str) -> None:
     """Drop every table of the bench database and migrate it to head: the code under test may
     have changed the schema since the last run."""
-    name = make_url(url).database or ""
+    parsed = make_url(url)
+    name = parsed.database or ""
     if "bench" not in name:
         raise BenchError(f"refusing to drop the tables of {name!r}: not a benchmark database")
+    _create_database(parsed.set(database="postgres"), name)
     engine = db.make_engine(url)
     try:
         meta = MetaData()
