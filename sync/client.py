@@ -449,13 +449,27 @@ class CloudClient:
 
     def iter_jobs(self, *, sitemap_id: int | None = None) -> Iterator[ScrapingJob]:
         """Every scraping job of the account (or of one sitemap), page by page, each once."""
-        params = {} if sitemap_id is None else {"sitemap_id": f"{_id(sitemap_id)}"}
         seen: set[int] = set()
-        for item in self._pages("scraping-jobs", params):
-            job = ScrapingJob.from_api(self._object(item, "GET", "scraping-jobs"))
-            if job.id not in seen:  # a job created mid-listing shifts the pages under us
-                seen.add(job.id)
-                yield job
+        for _page, jobs in self.iter_job_pages(sitemap_id=sitemap_id):
+            for job in jobs:
+                if job.id not in seen:  # a job created mid-listing shifts the pages under us
+                    seen.add(job.id)
+                    yield job
+
+    def iter_job_pages(
+        self, *, sitemap_id: int | None = None, start_page: int = 1
+    ) -> Iterator[tuple[int, list[ScrapingJob]]]:
+        """The job list page by page from ``start_page``, so a listing interrupted by a rate
+        limit resumes where it stopped instead of spending calls on pages it already has."""
+        params = {} if sitemap_id is None else {"sitemap_id": f"{_id(sitemap_id)}"}
+        for page, items in self._page_lists("scraping-jobs", params, start_page=start_page):
+            yield (
+                page,
+                [
+                    ScrapingJob.from_api(self._object(item, "GET", "scraping-jobs"))
+                    for item in items
+                ],
+            )
 
     def create_job(
         self,
@@ -617,13 +631,19 @@ class CloudClient:
         raise self._error(response, payload, method, path)
 
     def _pages(self, path: str, params: Mapping[str, str]) -> Iterator[Any]:
-        page = 1
+        for _page, data in self._page_lists(path, params):
+            yield from data
+
+    def _page_lists(
+        self, path: str, params: Mapping[str, str], *, start_page: int = 1
+    ) -> Iterator[tuple[int, list[Any]]]:
+        page = max(1, start_page)
         while True:
             envelope = self._call("GET", path, params={**params, "page": str(page)})
             data = envelope.get("data")
             if not isinstance(data, list) or not data:
                 return
-            yield from data
+            yield page, data
             last_page = _as_int(envelope.get("last_page"), default=page)
             if page >= last_page:
                 return

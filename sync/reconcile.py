@@ -222,11 +222,14 @@ def _list_jobs(
 ) -> list[ScrapingJob]:
     """Every scraping job Cloud lists, waiting politely when Cloud or the budget says so."""
     seen: dict[int, ScrapingJob] = {}
+    next_page = 1  # after a wait the listing resumes here; pages already read cost nothing
     while True:
         try:
             with services.cloud() as cloud:
-                for job in cloud.iter_jobs():
-                    seen.setdefault(job.id, job)
+                for page, jobs in cloud.iter_job_pages(start_page=next_page):
+                    for job in jobs:
+                        seen.setdefault(job.id, job)
+                    next_page = page + 1
             return list(seen.values())
         except (CloudRateLimitedError, ApiBudgetExhaustedError) as exc:
             wait = max(exc.retry_after if exc.retry_after is not None else 1.0, 0.0) + 1.0

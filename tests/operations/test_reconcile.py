@@ -216,7 +216,12 @@ def test_an_uncertain_launch_is_linked_to_the_job_cloud_lists(
     assert reconcile.reconcile(services).launches_linked == []
 
 
-def _cloud_with(services: Services, cloud: CloudState, budget: MemoryApiBudget) -> Services:
+def _cloud_with(
+    services: Services,
+    cloud: CloudState,
+    budget: MemoryApiBudget,
+    transport: httpx.BaseTransport | None = None,
+) -> Services:
     app = create_simulator(cloud)
 
     def client() -> CloudClient:
@@ -224,7 +229,7 @@ def _cloud_with(services: Services, cloud: CloudState, budget: MemoryApiBudget) 
         return CloudClient(
             token=API_TOKEN,
             base_url="http://cloud.test/api/v1/",
-            transport=httpx.WSGITransport(app=app),
+            transport=transport or httpx.WSGITransport(app=app),
             budget=budget,
             retry=bootstrap.worker_retry_policy(),
             sleep=lambda _: None,
@@ -452,3 +457,51 @@ def test_without_redis_the_command_syncs_evaluates_and_delivers_in_the_foregroun
     assert _observations(services) == 7
     (run_id,) = report["runs_evaluated"]
     assert _state_of(services, run_id) == "published"
+
+
+class PageTwoLimitedOnce(httpx.BaseTransport):
+    """Cloud answering 429 to the first request for page 2 of the job list."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+        self.pages: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Record the page asked for; refuse page 2 once."""
+        if request.url.path.endswith("/scraping-jobs"):
+            page = request.url.params.get("page", "")
+            self.pages.append(page)
+            if page == "2" and self.pages.count("2") == 1:
+                return httpx.Response(
+                    429,
+                    headers={"Retry-After": "30"},  # longer than a worker waits inline
+                    json={"success": False, "error": "Too Many Attempts."},
+                )
+        return self.inner.handle_request(request)
+
+
+def test_a_listing_cut_by_a_429_resumes_at_the_page_it_stopped(
+    services: Services, cloud: CloudState
+) -> None:
+    """After waiting out a 429 on page 2, the pass asks for page 2 again, not page 1: pages
+    already read cost no more API calls."""
+    sitemap = products_sitemap(cloud)
+    for _ in range(250):
+        cloud.create_job(sitemap)
+    now = [time.time()]
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        """Sleep by moving the budget's clock."""
+        slept.append(seconds)
+        now[0] += seconds
+
+    transport = PageTwoLimitedOnce(httpx.WSGITransport(app=create_simulator(cloud)))
+    budget = MemoryApiBudget(limit=1000, window=900.0, clock=lambda: now[0])
+    report = reconcile.reconcile(
+        _cloud_with(services, cloud, budget, transport=transport), sleep=sleep
+    )
+    assert report.complete
+    assert slept == [32.0]  # the pass itself waited, then went on
+    assert transport.pages == ["1", "2", "2", "3"]
+    assert report.listed == 250
