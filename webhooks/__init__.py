@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from flask import Flask, Response, jsonify
+import re
+from types import TracebackType
+
+from flask import Flask, Response, has_request_context, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from config.settings import Settings
@@ -10,6 +13,22 @@ from sync import bootstrap, logs
 from sync.bootstrap import Services
 
 MAX_BODY_BYTES = 64 * 1024
+_TOKEN_IN_PATH = re.compile(r"(/webhooks/webscraper/)[^/?]+")
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType] | tuple[None, None, None]
+
+
+class WebApp(Flask):
+    """Flask, except that an unhandled error's log line never shows the notification token
+    that the URL path carries."""
+
+    def log_exception(self, exc_info: ExcInfo) -> None:
+        """Log an unhandled error with the token in the path replaced by ``***``."""
+        where = "outside a request"
+        if has_request_context():
+            path = _TOKEN_IN_PATH.sub(r"\1***", request.path)
+            where = f"{path} [{request.method}]"
+        self.logger.error(f"Exception on {where}", exc_info=exc_info)
 
 
 def create_app(services: Services | None = None) -> Flask:
@@ -21,7 +40,7 @@ def create_app(services: Services | None = None) -> Flask:
     else:
         services.settings.require_webhook_token()
     logs.configure()
-    app = Flask(__name__)
+    app = WebApp(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions["scrapesync"] = services
 
@@ -37,6 +56,14 @@ def create_app(services: Services | None = None) -> Flask:
     def _http_error(exc: HTTPException) -> tuple[Response, int]:
         """Every HTTP error as a short JSON body."""
         return jsonify(error=exc.name, detail=exc.description), exc.code or 500
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception) -> tuple[Response, int]:
+        """A bug answers a short JSON 500 (Cloud will retry); the log has the traceback."""
+        if isinstance(exc, HTTPException):
+            return _http_error(exc)
+        app.log_exception((type(exc), exc, exc.__traceback__))  # type: ignore[arg-type]
+        return jsonify(error="Internal Server Error", detail="see the web process's log"), 500
 
     return app
 

@@ -182,3 +182,26 @@ def test_simulated_cloud_notifications_reach_the_intake(web: Flask, services: Se
         cloud.close()
     (task,) = _tasks(services)
     assert task.task_key == f"job-{job_id}"
+
+
+def test_an_unexpected_error_answers_500_and_never_logs_the_token(
+    web: Flask,
+    services: Services,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug behind the intake gives Cloud a short JSON 500 (it will retry), and the error's
+    log line shows the path with the token replaced."""
+    from sync import store
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(store, "want_sync", broken)
+    with caplog.at_level("ERROR"):
+        response = notify(web, 1001)
+    assert response.status_code == 500
+    assert response.json["error"] == "Internal Server Error"
+    assert "a bug" in caplog.text
+    assert "/webhooks/webscraper/*** [POST]" in caplog.text
+    assert WEBHOOK_TOKEN not in caplog.text
