@@ -36,6 +36,8 @@ def sweep(services: Services) -> SweepReport:
             failures += 1
             log.warning("sweep.enqueue_failed", extra={"task_key": task_key}, exc_info=True)
     report = SweepReport(due=len(due), enqueued=enqueued, enqueue_failures=failures)
+    if not due:
+        return report  # an idle sweep leaves no row: the worker sweeps every minute
     with services.uow.begin() as session:
         session.add(
             MaintenanceRun(

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from simulator import CloudState
 from sync import store, sweeper, tasks
 from sync.bootstrap import Services
-from sync.models import Observation, Run
+from sync.models import MaintenanceRun, Observation, Run
 from sync.queue import RQDispatcher
 from tests.harness import (
     at_time,
@@ -405,9 +405,16 @@ def test_the_sweeper_requeues_pending_tasks_after_redis_is_flushed(
     report = sweeper.sweep(services)
     assert (report.due, report.enqueued) == (3, 3)
     assert sweeper.sweep(services).enqueued == 0
+    with services.uow.begin() as session:
+        recorded = store.count_rows(session, MaintenanceRun, MaintenanceRun.kind == "sweep")
+    assert recorded == 2  # the two sweeps that found due tasks
     drain(services)
     assert {task_of(services, f"job-{j}").state for j in jobs} == {"committed"}
     assert observation_count(services) == 9
+    assert sweeper.sweep(services).due == 0
+    with services.uow.begin() as session:
+        idle = store.count_rows(session, MaintenanceRun, MaintenanceRun.kind == "sweep")
+    assert idle == 2  # an idle sweep leaves no row
 
 
 def test_the_sweeper_returns_expired_leases_to_the_queue(
