@@ -6,10 +6,23 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 
 DEFAULT_DATABASE_URL = "sqlite:///scrapesync.db"
 DEFAULT_API_URL = "https://api.webscraper.io/api/v1/"
 DEFAULT_DATASETS_PATH = "config/datasets.toml"
+
+# What a deployment (release, web and worker against PostgreSQL and Redis) cannot do without, and
+# why. ``app.json`` declares each one (or an add-on provides it); ``scrapesync doctor`` checks them.
+REQUIRED_VARIABLES: Mapping[str, str] = MappingProxyType(
+    {
+        "DATABASE_URL": "the system of record (PostgreSQL); the SQLite default is for one machine",
+        "REDIS_URL": "the queue between web and worker, and the shared Cloud API budget",
+        "WEBSCRAPER_API_TOKEN": "the worker reads Cloud's jobs and exports with it",
+        "WEBHOOK_TOKEN": "the secret path segment of the notification URL set in Cloud",
+        "SCRAPESYNC_STATUS_TOKEN": "protects /status, /api/runs and /metrics (off without it)",
+    }
+)
 
 
 class ConfigError(Exception):
