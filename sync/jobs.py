@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sync import bootstrap, outbox, runs, sweeper, tasks
+from sync import bootstrap, heartbeat, outbox, runs, sweeper, tasks
 from sync import reconcile as reconciliation
 
 
@@ -44,6 +44,7 @@ def maintain() -> dict[str, int]:
     evaluations = runs.redrive(services)
     deliveries = outbox.redrive(services)
     reconciliation.schedule(services)
+    heartbeat.beat(services)
     schedule_maintenance(services)
     return {
         "due": report.due,

@@ -46,11 +46,13 @@ def create_app(services: Services | None = None) -> Flask:
 
     from webhooks.health import bp as health_bp
     from webhooks.intake import bp as intake_bp
+    from webhooks.metrics import bp as metrics_bp
     from webhooks.status import bp as status_bp
 
     app.register_blueprint(intake_bp)
     app.register_blueprint(health_bp)
     app.register_blueprint(status_bp)
+    app.register_blueprint(metrics_bp)
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException) -> tuple[Response, int]:
