@@ -256,6 +256,18 @@ def status_command(as_json: bool, limit: int) -> None:
         click.echo(status.format_table(values))
 
 
+@main.command("doctor")
+@click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
+def doctor_command(as_json: bool) -> None:
+    """Check variables, database, Redis, the Cloud token and each dataset against its sitemap."""
+    from sync import doctor
+
+    report = doctor.diagnose(_settings())
+    click.echo(report.to_json() if as_json else report.text())
+    if not report.ok:
+        sys.exit(1)
+
+
 @main.command("simulator")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8800, show_default=True, help="0: any free port.")
