@@ -32,7 +32,8 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure(level: int = logging.INFO) -> None:
-    """Send scrapesync's logs to stdout as JSON lines (idempotent)."""
+    """Send scrapesync's logs, and RQ's, to stdout as JSON lines (idempotent)."""
+    capture_rq(level)
     root = logging.getLogger("scrapesync")
     if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
         return
@@ -46,3 +47,25 @@ def configure(level: int = logging.INFO) -> None:
 def get(name: str) -> logging.Logger:
     """A logger under the ``scrapesync`` tree."""
     return logging.getLogger(f"scrapesync.{name}")
+
+
+def capture_rq(level: int = logging.INFO) -> None:
+    """Route RQ's own log lines (worker, job, scheduler) through the JSON formatter on stdout.
+
+    RQ gives ``rq.worker`` and ``rq.job`` plain-text handlers of their own (stdout, and stderr
+    for errors), and adds them only where no handler is found up the logger tree. One JSON
+    handler on ``rq`` replaces them, so the handlers RQ would add later are never added either.
+    """
+    parent = logging.getLogger("rq")
+    if not any(isinstance(h.formatter, JsonFormatter) for h in parent.handlers):
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(JsonFormatter())
+        parent.addHandler(handler)
+    parent.propagate = False
+    if parent.level == logging.NOTSET or parent.level > level:
+        parent.setLevel(level)
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.startswith("rq.") and isinstance(logger, logging.Logger):
+            for own in list(logger.handlers):
+                logger.removeHandler(own)
+            logger.propagate = True
