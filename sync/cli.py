@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import click
 from sqlalchemy.exc import OperationalError
@@ -11,9 +13,11 @@ from config.datasets import DatasetsFileError
 from config.settings import ConfigError, Settings
 from sync import db, logs
 from sync.bootstrap import Services
+from sync.client import CloudClient
 
 
 @click.group()
+@click.version_option(package_name="scrapesync", message="%(prog)s %(version)s")
 def main() -> None:
     """Keep a database in step with Web Scraper Cloud."""
 
@@ -78,7 +82,11 @@ def sync_command(job_id: int) -> None:
     with services.uow.begin() as session:
         wish = store.want_sync(session, job_id, now=services.clock())
         session.commit()
-    result = tasks.run_sync(services, wish.task_key)
+    progress = Progress(enabled=_interactive())
+    try:
+        result = tasks.run_sync(_with_progress(services, progress), wish.task_key)
+    finally:
+        progress.close()
     if result.outcome == "not_claimed":
         raise click.ClickException(
             f"task {wish.task_key} is {result.state} (another worker holds it, or it waits "
@@ -126,7 +134,63 @@ def _foreground(services: Services) -> Services:
 
 def _interactive() -> bool:
     """Whether a person watches: a terminal gets a progress bar, a pipe one summary line."""
-    return sys.stdout.isatty()
+    return sys.stdout.isatty() and sys.stderr.isatty()
+
+
+class Progress:
+    """One progress bar at a time on stderr, for long foreground work that a person watches;
+    does nothing when disabled (output piped, or ``--json``)."""
+
+    LABELS = {
+        "records": "reading the job's records",
+        "scraping-jobs": "listing Cloud jobs (pages)",
+        "checks": "checking Cloud jobs",
+        "export": "writing records",
+    }
+
+    def __init__(self, *, enabled: bool) -> None:
+        self.enabled = enabled
+        self._bar: Any = None
+        self._kind: str | None = None
+        self._done = 0
+
+    def __call__(self, kind: str, done: int, total: int | None) -> None:
+        """``done`` of ``total`` units of work of this kind are behind us."""
+        if not self.enabled or kind not in self.LABELS or not total:
+            return
+        if self._bar is None or kind != self._kind or done < self._done:
+            self.close()
+            self._bar = click.progressbar(length=total, label=self.LABELS[kind], file=sys.stderr)
+            self._bar.__enter__()
+            self._kind, self._done = kind, 0
+        self._bar.update(done - self._done)
+        self._done = done
+
+    def reporter(self, kind: str) -> Callable[[int, int], None]:
+        """A ``(done, total)`` callback that moves this kind's bar."""
+        return lambda done, total: self(kind, done, total)
+
+    def close(self) -> None:
+        """End the bar on screen, if one is drawn."""
+        if self._bar is not None:
+            self._bar.__exit__(None, None, None)
+        self._bar, self._kind, self._done = None, None, 0
+
+
+def _with_progress(services: Services, progress: Progress) -> Services:
+    """The same services, whose Cloud clients report downloads and listings to ``progress``."""
+    if not progress.enabled:
+        return services
+    from dataclasses import replace
+
+    build = services.cloud
+
+    def cloud() -> CloudClient:
+        client = build()
+        client.progress = progress
+        return client
+
+    return replace(services, cloud=cloud)
 
 
 def _echo_json(values: object) -> None:
@@ -168,7 +232,6 @@ def launch_command(
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def reconcile_command(since: str, dry_run: bool, as_json: bool) -> None:
     """Compare Cloud's jobs with ours and heal what notifications, workers and Redis lost."""
-    from typing import Any
 
     from sync import reconcile
 
@@ -176,27 +239,18 @@ def reconcile_command(since: str, dry_run: bool, as_json: bool) -> None:
         look_back = reconcile.parse_since(since)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--since") from None
-    services = _foreground(_services())
     interactive = _interactive() and not as_json
-    bar: Any = None
-
-    def progress(done: int, total: int) -> None:
-        nonlocal bar
-        if bar is None:
-            bar = click.progressbar(length=total, label="checking Cloud jobs")
-            bar.__enter__()
-        bar.update(1)
-
+    progress = Progress(enabled=interactive)
+    services = _foreground(_with_progress(_services(), progress))
     try:
         report = reconcile.reconcile(
             services,
             since=look_back,
             dry_run=dry_run,
-            on_progress=progress if interactive else None,
+            on_progress=progress.reporter("checks") if interactive else None,
         )
     finally:
-        if bar is not None:
-            bar.__exit__(None, None, None)
+        progress.close()
     if as_json:
         _echo_json(report.as_dict())
         return
@@ -331,12 +385,20 @@ def export_command(dataset: str, run_id: str | None, fmt: str, out: str | None) 
     from sync import export
 
     services = _services()
+    progress = Progress(enabled=_interactive())
     try:
         result = export.export_dataset(
-            services, dataset, run_id=run_id, fmt=fmt, out=Path(out) if out else None
+            services,
+            dataset,
+            run_id=run_id,
+            fmt=fmt,
+            out=Path(out) if out else None,
+            on_progress=progress.reporter("export") if progress.enabled else None,
         )
     except export.ExportError as exc:
         raise click.ClickException(str(exc)) from None
+    finally:
+        progress.close()
     click.echo(
         f"{result.path} run={result.run_id} revision={result.revision} "
         f"records={result.records} sha256={result.sha256}"

@@ -387,6 +387,10 @@ def _is_json(line: str) -> bool:
 # --- the client -------------------------------------------------------------------------------
 
 
+PROGRESS_EVERY = 1000  # records between two progress reports
+ProgressHook = Callable[[str, int, int | None], None]
+
+
 class CloudClient:
     """Web Scraper Cloud API over one httpx.Client: typed errors, retries, a shared API budget."""
 
@@ -412,6 +416,10 @@ class CloudClient:
         self._sleep = sleep
         self._clock = clock
         self._download_timeout = httpx.Timeout(timeout, read=download_timeout)
+        # Told how far long work has come: ("records", read, stored_record_count) while an
+        # export streams, (list path, page, last_page) while a listing pages. For progress bars.
+        self.progress: ProgressHook | None = None
+        self._record_counts: dict[int, int] = {}
         self._http = httpx.Client(
             base_url=base_url,
             transport=_TokenTransport(
@@ -445,7 +453,9 @@ class CloudClient:
     def get_job(self, job_id: int) -> ScrapingJob:
         """Ask Cloud for one scraping job's current state."""
         path = f"scraping-job/{_id(job_id)}"
-        return ScrapingJob.from_api(self._object(self._call("GET", path)["data"], "GET", path))
+        job = ScrapingJob.from_api(self._object(self._call("GET", path)["data"], "GET", path))
+        self._record_counts[job.id] = job.stored_record_count
+        return job
 
     def iter_jobs(self, *, sitemap_id: int | None = None) -> Iterator[ScrapingJob]:
         """Every scraping job of the account (or of one sitemap), page by page, each once."""
@@ -507,8 +517,11 @@ class CloudClient:
         """Stream a scraping job's records from the gzip JSON Lines export, one at a time."""
         path = f"scraping-job/{_id(job_id)}/json"
         number = 0
+        progress, total = self.progress, self._record_counts.get(job_id)
         for line in self._download_lines(path, final_line_ok=_is_json):
             number += 1
+            if progress is not None and number % PROGRESS_EVERY == 0:
+                progress("records", number, total)
             if number == 1:
                 line = line.removeprefix("\ufeff")
             if not line.strip():
@@ -520,6 +533,8 @@ class CloudClient:
             if not isinstance(record, dict):
                 raise CloudError(f"GET {path}: line {number} is not a JSON object")
             yield record
+        if progress is not None:
+            progress("records", number, total)
 
     def iter_csv_rows(self, job_id: int) -> Iterator[dict[str, str]]:
         """Stream a scraping job's CSV export as rows keyed by its header, BOM stripped."""
@@ -643,8 +658,10 @@ class CloudClient:
             data = envelope.get("data")
             if not isinstance(data, list) or not data:
                 return
-            yield page, data
             last_page = _as_int(envelope.get("last_page"), default=page)
+            if self.progress is not None:
+                self.progress(path, page, last_page)
+            yield page, data
             if page >= last_page:
                 return
             page += 1

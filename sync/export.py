@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sync.acceptance import NO_PARTITION
@@ -28,6 +28,7 @@ from sync.models import Observation, PartitionVerdict, Publication, Run
 
 FORMATS = ("jsonl", "csv")
 EXPORTABLE = ("accepted", "published")
+PROGRESS_EVERY = 1000  # rows between two progress reports
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
@@ -57,8 +58,10 @@ def export_dataset(
     run_id: str | None = None,
     fmt: str = "jsonl",
     out: Path | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
-    """Write the dataset's published run (or ``run_id``) to ``out`` (default: the export dir)."""
+    """Write the dataset's published run (or ``run_id``) to ``out`` (default: the export dir);
+    ``on_progress(written, total)`` hears how far it has come."""
     with services.uow.begin() as session:
         return write_export(
             session,
@@ -67,6 +70,7 @@ def export_dataset(
             fmt=fmt,
             out=out if out is not None else services.settings.export_dir,
             now=services.clock(),
+            on_progress=on_progress,
         )
 
 
@@ -83,6 +87,7 @@ def write_export(
     fmt: str,
     out: Path,
     now: datetime,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
     """Write an export inside the caller's transaction (a consistent snapshot of the run)."""
     if fmt not in FORMATS:
@@ -110,13 +115,20 @@ def write_export(
         manifest_path = out.with_name(f"{out.stem}.manifest.json")
     partitions: dict[str, int] = {}
     digest = hashlib.sha256()
+    total = _valid_count(session, run_id) if on_progress is not None else 0
 
     def rows() -> Iterator[dict[str, Any]]:
+        written = 0
         for partition, payload, payload_hash in _valid_rows(session, run_id):
             name = partition if partition is not None else NO_PARTITION
             partitions[name] = partitions.get(name, 0) + 1
             digest.update(payload_hash.encode())
             yield payload
+            written += 1
+            if on_progress is not None and written % PROGRESS_EVERY == 0:
+                on_progress(written, total)
+        if on_progress is not None:
+            on_progress(written, total)
 
     if fmt == "jsonl":
         _write_file(path, lambda handle: _write_jsonl(handle, rows()))
@@ -178,6 +190,14 @@ def _valid_rows(session: Session, run_id: str) -> Iterator[tuple[str | None, Any
     )
     for row in session.execute(stmt):
         yield row.partition, row.payload, row.payload_hash
+
+
+def _valid_count(session: Session, run_id: str) -> int:
+    return session.execute(
+        select(func.count())
+        .select_from(Observation)
+        .where(Observation.run_id == run_id, Observation.validation_state == "valid")
+    ).scalar_one()
 
 
 def _columns(session: Session, run_id: str) -> list[str]:
