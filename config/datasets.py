@@ -20,16 +20,25 @@ class DatasetsFileError(Exception):
 
 @dataclass(frozen=True)
 class Quality:
-    """Acceptance thresholds of one dataset (Cloud's data-quality result counts too)."""
+    """Acceptance thresholds of one dataset (Cloud's data-quality result counts too).
+
+    The history rules (record, fill-rate, field and partition drops) compare a run with the
+    median of the dataset's last ``baseline_runs`` accepted runs, once there are at least
+    ``min_history`` of them."""
 
     min_records: int = 1
     max_failed_pages_percent: float = 5.0
     max_empty_pages_percent: float = 5.0
     max_no_value_pages_percent: float = 5.0
-    max_record_drop_percent: float | None = 50.0
+    max_record_drop_percent: float | None = 25.0
     max_invalid_records_percent: float = 5.0
     max_conflicting_duplicates_percent: float = 1.0
     use_cloud_quality: bool = True
+    baseline_runs: int = 7
+    min_history: int = 3
+    max_fill_rate_drop_points: float | None = 15.0
+    max_partition_drop_percent: float | None = 50.0
+    fail_on_missing_fields: bool = True
     consent_markers: tuple[str, ...] = (
         "before you continue",
         "accept all cookies",
@@ -144,17 +153,27 @@ def _quality(where: str, raw: Any) -> Quality:
             if not isinstance(value, dict) or any(p not in PARSERS for p in value.values()):
                 raise DatasetsFileError(f"{where}.parsers maps fields to one of {PARSERS}")
             values[key] = dict(value)
-        elif key == "use_cloud_quality":
+        elif key in ("use_cloud_quality", "fail_on_missing_fields"):
             if not isinstance(value, bool):
                 raise DatasetsFileError(f"{where}.{key} must be true or false")
+            values[key] = value
+        elif key in ("baseline_runs", "min_history"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise DatasetsFileError(f"{where}.{key} must be a whole number of runs, at least 1")
             values[key] = value
         else:
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise DatasetsFileError(f"{where}.{key} must be a non-negative number")
-            if key.endswith("_percent") and value > 100:
+            if key.endswith(("_percent", "_points")) and value > 100:
                 raise DatasetsFileError(f"{where}.{key} is a percentage: at most 100")
             values[key] = int(value) if key == "min_records" else float(value)
-    return Quality(**values)
+    quality = Quality(**values)
+    if quality.min_history > quality.baseline_runs:
+        raise DatasetsFileError(
+            f"{where}.min_history ({quality.min_history}) is more than baseline_runs "
+            f"({quality.baseline_runs}): the history rules would never apply"
+        )
+    return quality
 
 
 def _destination(where: str, raw: Any) -> Destination:

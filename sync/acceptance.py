@@ -7,20 +7,29 @@ records and thresholds, with no I/O, so every rule is tested with plain values.
   final status;
 - Cloud's own data-quality result, one more gate that a dataset may switch off;
 - the run as a whole: records without their entity key, entity keys seen twice with different
-  payloads, the record count against the dataset's minimum and against the last accepted run;
+  payloads, the record count against the dataset's minimum;
 - each partition's records: required fields present, values that parse (``price`` as a number),
-  and pages that are not data (a consent page, an empty shell).
+  and pages that are not data (a consent page, an empty shell);
+- the dataset's history: the run's profile (records per partition, each field's fill rate)
+  against the median of its last accepted runs' profiles (the baseline). With fewer accepted
+  runs than ``min_history`` only the rules above apply. A gain is never a failure; a drop in
+  volume, in a field's fill rate or in one partition's records beyond its threshold is, and a
+  field every baseline run had that this run lacks is too. A drop confined to one partition
+  quarantines that partition; a drop across the run rejects it.
 
 A failing run-level rule rejects the run. A failing partition is quarantined; the dataset's
 policy then rejects the whole run (``reject``) or publishes the partitions that passed
-(``publish_passing``). Every reason carries the numbers behind it (``got``, ``expected``).
+(``publish_passing``). Every reason carries the numbers behind it (``got``, ``expected``, and
+``baseline`` for the history rules); every rule applied is also kept as a :class:`Check`, pass
+or fail, so an operator can see how close a run came.
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -28,6 +37,7 @@ from config.datasets import Dataset, Quality
 
 NO_PARTITION = "(none)"
 WAITING = "waiting"
+NOTE = "note"
 SAMPLES = 3
 
 ACCEPTED = "accepted"
@@ -45,6 +55,7 @@ class Reason:
     expected: float | int | str | None = None
     partition: str | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)
+    baseline: float | int | str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The reason as plain JSON-able values, as stored and shown by status."""
@@ -54,7 +65,38 @@ class Reason:
             "got": self.got,
             "expected": self.expected,
             "partition": self.partition,
+            **({"baseline": self.baseline} if self.baseline is not None else {}),
             **({"detail": dict(self.detail)} if self.detail else {}),
+        }
+
+
+@dataclass(frozen=True)
+class Check:
+    """One rule applied to one figure of a run: what the run got, the baseline it was held
+    against (history rules only), what the rule allowed, and the reason when it failed."""
+
+    rule: str
+    got: float | int | str | None
+    allowed: str
+    baseline: float | int | str | None = None
+    subject: str | None = None
+    reason: Reason | None = None
+
+    @property
+    def passed(self) -> bool:
+        """Whether the figure is within what the rule allows."""
+        return self.reason is None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The check as plain JSON-able values."""
+        return {
+            "rule": self.rule,
+            "subject": self.subject,
+            "verdict": "pass" if self.passed else "fail",
+            "got": self.got,
+            "baseline": self.baseline,
+            "allowed": self.allowed,
+            **({"message": self.reason.message} if self.reason is not None else {}),
         }
 
 
@@ -97,6 +139,7 @@ class PartitionTally:
     consent_pages: int = 0
     empty_shells: int = 0
     samples: dict[str, list[str]] = field(default_factory=dict)
+    filled: dict[str, int] = field(default_factory=dict)
 
     def note(self, key: str, value: Any) -> None:
         """Keep ``value`` as one of a few samples shown with the reason ``key``."""
@@ -142,13 +185,100 @@ class PartitionJudgement:
 
 
 @dataclass(frozen=True)
+class Profile:
+    """What one run held: records per partition and each field's fill rate (percent of records
+    where it is present and non-empty), over the run and per partition."""
+
+    records: int
+    partitions: Mapping[str, int]
+    fill_rates: Mapping[str, float]
+    partition_fill_rates: Mapping[str, Mapping[str, float]]
+    run_id: str | None = None
+
+    @property
+    def fields(self) -> frozenset[str]:
+        """The fields seen: filled in at least one record (a column of blanks carries nothing)."""
+        return frozenset(name for name, rate in self.fill_rates.items() if rate > 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The profile as plain JSON-able values."""
+        return {
+            "run_id": self.run_id,
+            "records": self.records,
+            "partitions": dict(self.partitions),
+            "fill_rates": dict(self.fill_rates),
+            "partition_fill_rates": {p: dict(r) for p, r in self.partition_fill_rates.items()},
+            "fields": sorted(self.fields),
+        }
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A dataset's recent history, newest first: each figure is the median over these runs."""
+
+    runs: tuple[Profile, ...]
+
+    @property
+    def run_ids(self) -> tuple[str, ...]:
+        """The runs the baseline is made of, newest first."""
+        return tuple(r.run_id or "?" for r in self.runs)
+
+    def records_of(self, partitions: Iterable[str]) -> float:
+        """The median of the records these partitions held in each baseline run."""
+        names = set(partitions)
+        return _median([sum(n for p, n in r.partitions.items() if p in names) for r in self.runs])
+
+    def partition_records(self, partition: str) -> float:
+        """The median of one partition's records (0 in a run that lacked it)."""
+        return _median([r.partitions.get(partition, 0) for r in self.runs])
+
+    @property
+    def partition_names(self) -> frozenset[str]:
+        """The partitions with a baseline: present in enough runs for their median to be > 0."""
+        seen = {p for r in self.runs for p in r.partitions}
+        return frozenset(p for p in seen if self.partition_records(p) > 0)
+
+    def fill_rate(self, name: str) -> float:
+        """The median fill rate of a field over the run (0 in a run that never filled it)."""
+        return _median([r.fill_rates.get(name, 0.0) for r in self.runs])
+
+    def partition_fill_rate(self, partition: str, name: str) -> float:
+        """The median fill rate of a field in one partition, over the runs that had it."""
+        return _median(
+            [
+                r.partition_fill_rates.get(partition, {}).get(name, 0.0)
+                for r in self.runs
+                if r.partitions.get(partition)
+            ]
+        )
+
+    @property
+    def fields_in_every_run(self) -> frozenset[str]:
+        """The fields every baseline run had."""
+        return frozenset.intersection(*(r.fields for r in self.runs))
+
+    @property
+    def fields_in_any_run(self) -> frozenset[str]:
+        """The fields some baseline run had."""
+        return frozenset().union(*(r.fields for r in self.runs))
+
+
+def _median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else 0.0
+
+
+@dataclass(frozen=True)
 class Judgement:
-    """The verdict on a run: accepted, rejected or still a candidate, and why."""
+    """The verdict on a run: accepted, rejected or still a candidate, and why; with the run's
+    profile, the baseline it was judged against (if any) and every rule applied."""
 
     state: str
     reasons: tuple[Reason, ...]
     partitions: tuple[PartitionJudgement, ...]
     counted_records: int
+    profile: Profile | None = None
+    baseline: Baseline | None = None
+    checks: tuple[Check, ...] = ()
 
     @property
     def publishable(self) -> tuple[str, ...]:
@@ -249,8 +379,14 @@ def is_empty_shell(record: Mapping[str, Any], identity_fields: Sequence[str]) ->
 
 
 def tally_record(tally: PartitionTally, record: Mapping[str, Any], rules: RecordRules) -> None:
-    """Count one record's defects into its partition's tally."""
+    """Count one record's defects, and the fields it fills, into its partition's tally."""
     tally.records += 1
+    filled = tally.filled
+    for name, value in record.items():
+        if is_filled(value):
+            filled[name] = filled.get(name, 0) + 1
+        elif name not in filled:
+            filled[name] = 0
     for name in rules.required:
         if not is_filled(record.get(name)):
             tally.missing[name] = tally.missing.get(name, 0) + 1
@@ -326,16 +462,13 @@ def repaired_pages(jobs: Sequence[JobFacts]) -> set[str]:
     return repaired
 
 
-def page_counter_reasons(jobs: Sequence[JobFacts], quality: Quality) -> list[Reason]:
-    """Cloud's failed, empty and no-value page counts against the pages scheduled.
-
-    Recovery jobs (reruns under the run) add no pages of their own: a page they scraped again
-    without a problem no longer counts against the job that first failed it, and one that still
-    fails is already counted there."""
+def _page_counts(
+    jobs: Sequence[JobFacts],
+) -> Iterable[tuple[str, str, str, int, int, list[str]]]:
+    """Per page rule: its code, threshold, verb, pages still bad, pages scheduled, samples."""
     originals = [job for job in jobs if job.recovery_start_urls is None]
     repaired = repaired_pages(jobs)
     scheduled = sum(job.jobs_scheduled for job in originals)
-    reasons: list[Reason] = []
     for code, counter, threshold_name, url_type, verb in _PAGE_RULES:
         listed = [
             str(u.get("url"))
@@ -345,10 +478,21 @@ def page_counter_reasons(jobs: Sequence[JobFacts], quality: Quality) -> list[Rea
         ]
         fixed = sum(1 for url in listed if url in repaired)
         pages = max(0, sum(int(getattr(job, counter)) for job in originals) - fixed)
+        urls = [url for url in listed if url not in repaired][:SAMPLES]
+        yield code, threshold_name, verb, pages, scheduled, urls
+
+
+def page_counter_reasons(jobs: Sequence[JobFacts], quality: Quality) -> list[Reason]:
+    """Cloud's failed, empty and no-value page counts against the pages scheduled.
+
+    Recovery jobs (reruns under the run) add no pages of their own: a page they scraped again
+    without a problem no longer counts against the job that first failed it, and one that still
+    fails is already counted there."""
+    reasons: list[Reason] = []
+    for code, threshold_name, verb, pages, scheduled, urls in _page_counts(jobs):
         got = percent(pages, scheduled)
         expected = float(getattr(quality, threshold_name))
         if got > expected:
-            urls = [url for url in listed if url not in repaired][:SAMPLES]
             reasons.append(
                 Reason(
                     code,
@@ -470,8 +614,11 @@ def duplicate_reasons(facts: ImportFacts, quality: Quality) -> list[Reason]:
     ]
 
 
-def record_count_reasons(records: int, previous: int | None, quality: Quality) -> list[Reason]:
-    """The record count against the dataset's minimum and against the last accepted run."""
+def record_count_reasons(
+    records: int, baseline: float | None, quality: Quality, *, runs: int = 0
+) -> list[Reason]:
+    """The record count against the dataset's minimum and, once the dataset has a history,
+    against its baseline (the median of its last accepted runs); a gain never fails."""
     reasons: list[Reason] = []
     if records < quality.min_records:
         reasons.append(
@@ -482,20 +629,9 @@ def record_count_reasons(records: int, previous: int | None, quality: Quality) -
                 expected=quality.min_records,
             )
         )
-    limit = quality.max_record_drop_percent
-    if limit is not None and previous:
-        drop = percent(previous - records, previous)
-        if drop > limit:
-            reasons.append(
-                Reason(
-                    "record_drop",
-                    f"{records} records against {previous} in the last accepted run: a drop of "
-                    f"{drop}% > {_num(limit)}%",
-                    got=drop,
-                    expected=_num(limit),
-                    detail={"records": records, "previous": previous},
-                )
-            )
+    check = record_drop_check(records, baseline, quality, runs=runs)
+    if check is not None and check.reason is not None:
+        reasons.append(check.reason)
     return reasons
 
 
@@ -536,6 +672,345 @@ def partition_reasons(tally: PartitionTally, quality: Quality) -> list[Reason]:
     return reasons
 
 
+# --- history ------------------------------------------------------------------------------------
+
+
+def profile_of(tallies: Mapping[str, PartitionTally], run_id: str | None = None) -> Profile:
+    """A run's profile from its partitions' tallies: records and fill rates, overall and per
+    partition."""
+    records = sum(t.records for t in tallies.values())
+    totals: dict[str, int] = {}
+    for tally in tallies.values():
+        for name, n in tally.filled.items():
+            totals[name] = totals.get(name, 0) + n
+    return Profile(
+        records=records,
+        partitions={name: t.records for name, t in sorted(tallies.items())},
+        fill_rates={name: percent(n, records) for name, n in sorted(totals.items())},
+        partition_fill_rates={
+            name: {f: percent(n, t.records) for f, n in sorted(t.filled.items())}
+            for name, t in sorted(tallies.items())
+        },
+        run_id=run_id,
+    )
+
+
+def baseline_of(history: Sequence[Profile], quality: Quality) -> Baseline | None:
+    """The baseline made of the dataset's last ``baseline_runs`` accepted runs (``history`` is
+    newest first), or None while it has fewer than ``min_history``: a cold start is judged by
+    the absolute rules only."""
+    runs = tuple(history[: quality.baseline_runs])
+    if not runs or len(runs) < quality.min_history:
+        return None
+    return Baseline(runs)
+
+
+def _drop_percent(got: float, baseline: float) -> float:
+    return round(100.0 * (baseline - got) / baseline, 2) if baseline else 0.0
+
+
+def _runs_text(runs: int) -> str:
+    return f"the median of the last {runs} accepted run{'s' if runs != 1 else ''}"
+
+
+def record_drop_check(
+    records: int, baseline: float | None, quality: Quality, *, runs: int = 0
+) -> Check | None:
+    """The run's records against the baseline's: a drop beyond ``max_record_drop_percent``
+    fails, a gain never does. None when there is nothing to compare with."""
+    limit = quality.max_record_drop_percent
+    if limit is None or baseline is None or baseline <= 0:
+        return None
+    floor = baseline * (1 - limit / 100.0)
+    allowed = f">= {_num(floor)} (at most {_num(limit)}% below)"
+    drop = _drop_percent(records, baseline)
+    if drop <= limit:
+        return Check("record_drop", records, allowed, baseline=_num(baseline))
+    reason = Reason(
+        "record_drop",
+        f"{records} records against a baseline of {_num(baseline)} ({_runs_text(runs)}): a "
+        f"drop of {drop}% > {_num(limit)}%",
+        got=records,
+        expected=_num(floor),
+        baseline=_num(baseline),
+        detail={"drop_percent": drop, "max_drop_percent": _num(limit), "baseline_runs": runs},
+    )
+    return Check("record_drop", records, allowed, baseline=_num(baseline), reason=reason)
+
+
+def missing_field_checks(profile: Profile, baseline: Baseline, quality: Quality) -> list[Check]:
+    """Every field that each baseline run had must be in this run (filled at least once)."""
+    if not quality.fail_on_missing_fields:
+        return []
+    expected = sorted(baseline.fields_in_every_run)
+    missing = [name for name in expected if name not in profile.fields]
+    runs = len(baseline.runs)
+    checks = [
+        Check(
+            "field_missing",
+            f"{len(expected) - len(missing)} of {len(expected)}",
+            "every field of every baseline run",
+            baseline=len(expected),
+        )
+    ]
+    for name in missing:
+        rate = _num(baseline.fill_rate(name))
+        reason = Reason(
+            "field_missing",
+            f"field {name!r} is missing: each of the last {runs} accepted runs had it (filled "
+            f"in {rate}% of records)",
+            got="absent",
+            expected="present",
+            baseline=rate,
+            detail={"field": name, "baseline_runs": runs},
+        )
+        checks.append(
+            Check("field_missing", "absent", "present", baseline=rate, subject=name, reason=reason)
+        )
+    return checks
+
+
+def new_fields_note(profile: Profile, baseline: Baseline) -> Reason | None:
+    """Fields no baseline run had are reported, never failed: a site may add a column."""
+    new = sorted(profile.fields - baseline.fields_in_any_run)
+    if not new:
+        return None
+    return Reason(
+        "new_fields",
+        f"{len(new)} field(s) none of the last {len(baseline.runs)} accepted runs had: "
+        + ", ".join(new),
+        got=len(new),
+        expected=None,
+        baseline=0,
+        detail={"fields": new, "kind": NOTE},
+    )
+
+
+def _fill_reason(
+    name: str, got: float, base: float, limit: float, runs: int, partition: str | None
+) -> Reason:
+    where = f" in partition {partition!r}" if partition is not None else ""
+    drop = round(base - got, 2)
+    return Reason(
+        "fill_rate_drop",
+        f"{name!r} is filled in {_num(got)}% of records{where} against a baseline of "
+        f"{_num(base)}% ({_runs_text(runs)}): {_num(drop)} points down > {_num(limit)}",
+        got=_num(got),
+        expected=_num(max(0.0, base - limit)),
+        baseline=_num(base),
+        partition=partition,
+        detail={
+            "field": name,
+            "drop_points": _num(drop),
+            "max_drop_points": _num(limit),
+            "baseline_runs": runs,
+        },
+    )
+
+
+def fill_rate_checks(
+    profile: Profile, baseline: Baseline, quality: Quality, *, skip: Iterable[str] = ()
+) -> list[Check]:
+    """Each field's fill rate against its baseline, over the run and per partition.
+
+    A fall beyond ``max_fill_rate_drop_points`` over the run is run-level unless a single
+    partition (of several) is the one that fell: then, as for any partition whose own rate fell
+    that far while the run's held, the reason is that partition's and quarantines it."""
+    limit = quality.max_fill_rate_drop_points
+    if limit is None:
+        return []
+    runs = len(baseline.runs)
+    skipped = set(skip)
+    judged = sorted(p for p in profile.partitions if p in baseline.partition_names)
+    checks: list[Check] = []
+    for name in sorted(baseline.fields_in_any_run - skipped):
+        base = baseline.fill_rate(name)
+        got = profile.fill_rates.get(name, 0.0)
+        allowed = f">= {_num(max(0.0, base - limit))}% (at most {_num(limit)} points below)"
+        failing: list[Check] = []
+        for partition in judged:
+            p_base = baseline.partition_fill_rate(partition, name)
+            p_got = profile.partition_fill_rates.get(partition, {}).get(name, 0.0)
+            if p_base - p_got > limit:
+                reason = _fill_reason(name, p_got, p_base, limit, runs, partition)
+                p_allowed = f">= {_num(max(0.0, p_base - limit))}% in {partition}"
+                failing.append(
+                    Check(
+                        "fill_rate_drop",
+                        _num(p_got),
+                        p_allowed,
+                        baseline=_num(p_base),
+                        subject=f"{name} @ {partition}",
+                        reason=reason,
+                    )
+                )
+        one_partitions = len(failing) == 1 and len(profile.partitions) > 1
+        if base - got > limit and not one_partitions:
+            reason = _fill_reason(name, got, base, limit, runs, None)
+            reason = replace(
+                reason,
+                detail={
+                    **reason.detail,
+                    "partitions": [c.reason.partition for c in failing if c.reason],
+                },
+            )
+            checks.append(
+                Check(
+                    "fill_rate_drop",
+                    _num(got),
+                    allowed,
+                    baseline=_num(base),
+                    subject=name,
+                    reason=reason,
+                )
+            )
+            continue
+        checks.append(
+            Check("fill_rate_drop", _num(got), allowed, baseline=_num(base), subject=name)
+        )
+        checks.extend(failing)
+    return checks
+
+
+def partition_drop_checks(profile: Profile, baseline: Baseline, quality: Quality) -> list[Check]:
+    """Each partition's records against its baseline; one that fell beyond
+    ``max_partition_drop_percent`` (or vanished) is quarantined, a gain never fails."""
+    limit = quality.max_partition_drop_percent
+    if limit is None:
+        return []
+    runs = len(baseline.runs)
+    checks: list[Check] = []
+    for partition in sorted(baseline.partition_names):
+        base = baseline.partition_records(partition)
+        got = profile.partitions.get(partition, 0)
+        floor = base * (1 - limit / 100.0)
+        allowed = f">= {_num(floor)} (at most {_num(limit)}% below)"
+        drop = _drop_percent(got, base)
+        reason = None
+        if drop > limit:
+            reason = Reason(
+                "partition_drop",
+                f"{got} records in partition {partition!r} against a baseline of {_num(base)} "
+                f"({_runs_text(runs)}): a drop of {drop}% > {_num(limit)}%",
+                got=got,
+                expected=_num(floor),
+                baseline=_num(base),
+                partition=partition,
+                detail={
+                    "drop_percent": drop,
+                    "max_drop_percent": _num(limit),
+                    "baseline_runs": runs,
+                },
+            )
+        checks.append(
+            Check(
+                "partition_drop",
+                got,
+                allowed,
+                baseline=_num(base),
+                subject=partition,
+                reason=reason,
+            )
+        )
+    return checks
+
+
+# --- every rule as a check (for ``scrapesync check``) ---------------------------------------
+
+
+def _failed(reasons: Iterable[Reason], code: str) -> list[Reason]:
+    return [r for r in reasons if r.code == code]
+
+
+def _percent_check(
+    code: str, got: float, limit: float, reasons: Sequence[Reason], subject: str | None = None
+) -> list[Check]:
+    allowed = f"<= {_num(limit)}%"
+    failed = _failed(reasons, code)
+    if not failed:
+        return [Check(code, got, allowed, subject=subject)]
+    return [Check(code, r.got, allowed, subject=r.partition or subject, reason=r) for r in failed]
+
+
+def absolute_checks(
+    jobs: Sequence[JobFacts],
+    imports: ImportFacts,
+    tallies: Mapping[str, PartitionTally],
+    quality: Quality,
+    *,
+    counted: int,
+    reasons: Sequence[Reason],
+) -> list[Check]:
+    """The rules that need no history, as checks: the figure each one judged and its verdict
+    (``reasons`` are the run's and its partitions' failures)."""
+    checks: list[Check] = []
+    statuses = ", ".join(sorted({str(job.status) for job in jobs})) or "no job"
+    failed_jobs = _failed(reasons, "job_not_finished")
+    checks.append(
+        Check(
+            "job_not_finished",
+            statuses,
+            "finished",
+            reason=failed_jobs[0] if failed_jobs else None,
+        )
+    )
+    for code, threshold_name, _verb, pages, scheduled, _urls in _page_counts(jobs):
+        limit = float(getattr(quality, threshold_name))
+        checks += _percent_check(code, percent(pages, scheduled), limit, reasons)
+    cloud = [r for r in _failed(reasons, "cloud_quality")]
+    checks.append(
+        Check(
+            "cloud_quality",
+            f"{len(cloud)} failed criteria" if quality.use_cloud_quality else "off",
+            "no failed criterion" if quality.use_cloud_quality else "not judged",
+            reason=cloud[0] if cloud else None,
+        )
+    )
+    checks += _percent_check(
+        "records_without_key",
+        percent(imports.missing_key, imports.records_read),
+        quality.max_invalid_records_percent,
+        reasons,
+    )
+    checks += _percent_check(
+        "conflicting_duplicates",
+        percent(imports.conflicting_duplicates, imports.distinct_keys),
+        quality.max_conflicting_duplicates_percent,
+        reasons,
+    )
+    minimum = _failed(reasons, "min_records")
+    checks.append(
+        Check(
+            "min_records",
+            counted,
+            f">= {quality.min_records}",
+            reason=minimum[0] if minimum else None,
+        )
+    )
+    worst: dict[str, tuple[float, str | None]] = {
+        code: (0.0, None)
+        for code in ("required_missing", "unparsable", "consent_page", "empty_shell")
+    }
+
+    def note_worst(code: str, count: int, of: int, partition: str) -> None:
+        got = percent(count, of)
+        if got > worst[code][0]:
+            worst[code] = (got, partition)
+
+    for name, tally in sorted(tallies.items()):
+        for count in tally.missing.values():
+            note_worst("required_missing", count, tally.records, name)
+        for count in tally.unparsable.values():
+            note_worst("unparsable", count, tally.records, name)
+        note_worst("consent_page", tally.consent_pages, tally.records, name)
+        note_worst("empty_shell", tally.empty_shells, tally.records, name)
+    for code, (got, partition) in worst.items():
+        checks += _percent_check(
+            code, got, quality.max_invalid_records_percent, reasons, subject=partition
+        )
+    return checks
+
+
 # --- the verdict ----------------------------------------------------------------------------
 
 
@@ -544,25 +1019,67 @@ def is_waiting(reason: Reason) -> bool:
     return reason.detail.get("kind") == WAITING
 
 
+def is_note(reason: Reason) -> bool:
+    """Whether a reason only reports something (a new field), failing nothing."""
+    return reason.detail.get("kind") == NOTE
+
+
 def judge(
     dataset: Dataset,
     *,
     jobs: Sequence[JobFacts],
     imports: ImportFacts,
     tallies: Mapping[str, PartitionTally],
-    previous_records: int | None,
+    history: Sequence[Profile] = (),
+    run_id: str | None = None,
 ) -> Judgement:
-    """The verdict on a run whose tasks are all committed."""
+    """The verdict on a run whose tasks are all committed; ``history`` holds the profiles of
+    the dataset's accepted runs before it, newest first."""
     quality = dataset.quality
+    profile = profile_of(tallies, run_id)
+    baseline = baseline_of(history, quality)
+    run_checks: list[Check] = []
+    partition_checks: list[Check] = []
+    notes: list[Reason] = []
+    if baseline is not None:
+        missing = missing_field_checks(profile, baseline, quality)
+        skip = [c.subject for c in missing if c.subject is not None]
+        fills = fill_rate_checks(profile, baseline, quality, skip=skip)
+        run_checks += missing + [c for c in fills if c.reason is None or c.reason.partition is None]
+        partition_checks += [c for c in fills if c.reason is not None and c.reason.partition]
+        partition_checks += partition_drop_checks(profile, baseline, quality)
+        note = new_fields_note(profile, baseline)
+        if note is not None:
+            notes.append(note)
+    by_partition: dict[str, list[Reason]] = {}
+    for check in partition_checks:
+        if check.reason is not None and check.reason.partition is not None:
+            by_partition.setdefault(check.reason.partition, []).append(check.reason)
+    names = sorted(set(tallies) | set(by_partition))
     partitions = tuple(
-        PartitionJudgement(name, tally.records, tuple(partition_reasons(tally, quality)))
-        for name, tally in sorted(tallies.items())
+        PartitionJudgement(
+            name,
+            tallies[name].records if name in tallies else 0,
+            (
+                *(partition_reasons(tallies[name], quality) if name in tallies else ()),
+                *by_partition.get(name, ()),
+            ),
+        )
+        for name in names
     )
     failed = [p for p in partitions if not p.passed]
     if dataset.policy == "publish_passing":
-        counted = sum(p.records for p in partitions if p.passed)
+        counted_names = [p.partition for p in partitions if p.passed]
     else:
-        counted = sum(p.records for p in partitions)
+        counted_names = [p.partition for p in partitions]
+    counted = sum(p.records for p in partitions if p.partition in counted_names)
+    drop = (
+        record_drop_check(
+            counted, baseline.records_of(counted_names), quality, runs=len(baseline.runs)
+        )
+        if baseline is not None
+        else None
+    )
     cloud = cloud_quality_reasons(jobs, quality)
     waiting = [r for r in cloud if is_waiting(r)]
     run_reasons = [
@@ -571,7 +1088,9 @@ def judge(
         *[r for r in cloud if not is_waiting(r)],
         *entity_key_reasons(imports, quality),
         *duplicate_reasons(imports, quality),
-        *record_count_reasons(counted, previous_records, quality),
+        *record_count_reasons(counted, None, quality),
+        *([drop.reason] if drop is not None and drop.reason is not None else []),
+        *[c.reason for c in run_checks if c.reason is not None],
     ]
     quarantine = [
         Reason(
@@ -593,11 +1112,26 @@ def judge(
         state = CANDIDATE
     else:
         state = ACCEPTED
+    every_failure = [*run_reasons, *(r for p in partitions for r in p.reasons)]
+    checks = [
+        *absolute_checks(jobs, imports, tallies, quality, counted=counted, reasons=every_failure),
+        *([drop] if drop is not None else []),
+        *run_checks,
+        *partition_checks,
+    ]
     return Judgement(
         state=state,
-        reasons=(*run_reasons, *quarantine, *(waiting if state == CANDIDATE else [])),
+        reasons=(
+            *run_reasons,
+            *quarantine,
+            *(waiting if state == CANDIDATE else []),
+            *notes,
+        ),
         partitions=partitions,
         counted_records=counted,
+        profile=profile,
+        baseline=baseline,
+        checks=tuple(checks),
     )
 
 

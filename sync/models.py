@@ -1,5 +1,5 @@
 """The system of record: runs, scraping jobs, the inbox, sync tasks, attempts, observations,
-partition verdicts, the outbox and its deliveries, publications and launches."""
+partition verdicts, the outbox and its deliveries, publications, launches and run profiles."""
 
 from __future__ import annotations
 
@@ -316,3 +316,21 @@ class MaintenanceRun(Base):
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
     summary: Mapped[dict[str, Any]] = mapped_column(Payload, default=dict)
+
+
+class RunProfile(Base):
+    """What an accepted run held, kept when it was accepted: the history later runs of its
+    dataset are judged against (records per partition, each field's fill rate in percent over
+    the run and per partition, the fields seen)."""
+
+    __tablename__ = "run_profiles"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"), primary_key=True)
+    dataset: Mapped[str] = mapped_column(String(100), index=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    records: Mapped[int] = mapped_column(Integer)
+    partitions: Mapped[dict[str, Any]]
+    fill_rates: Mapped[dict[str, Any]]
+    partition_fill_rates: Mapped[dict[str, Any]]
+    fields: Mapped[list[Any]] = mapped_column(Payload)
+    profiled_at: Mapped[datetime] = mapped_column(default=utcnow)

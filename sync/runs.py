@@ -2,10 +2,12 @@
 
 After a sync commits, its run is evaluated. Cloud's data-quality result and problematic URLs of
 the run's finished jobs are fetched first, outside any transaction. Then ONE transaction reads
-the run's tasks, jobs and observations, judges them with the pure rules of
-:mod:`sync.acceptance`, and writes everything the verdict changes: partition verdicts,
-quarantined observations, the run's state, reasons and revision, the dataset's published
-pointer, and the outbox events that announce it. Until that commit the previously published run
+the run's tasks, jobs and observations (streamed, a few thousand rows at a time, into per
+partition tallies that also give the run's profile) and the profiles of the dataset's last
+accepted runs, judges them with the pure rules of :mod:`sync.acceptance`, and writes everything
+the verdict changes: partition verdicts, quarantined observations, the run's state, reasons and
+revision, its profile (kept while it is accepted), the dataset's published pointer, and the
+outbox events that announce it. Until that commit the previously published run
 stays published, readable in full.
 
 Repeat-safety: a run's ``revision`` goes up only when its verdict or its data changed (a new
@@ -41,6 +43,7 @@ from sync.models import (
     PartitionVerdict,
     Publication,
     Run,
+    RunProfile,
     ScrapingJob,
     SyncTask,
 )
@@ -234,7 +237,8 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
             jobs=_job_facts(session, run_id, errors),
             imports=_import_facts(session, run_id),
             tallies=tallies,
-            previous_records=_previous_accepted_records(session, run),
+            history=accepted_history(session, run, limit=dataset.quality.baseline_runs),
+            run_id=run_id,
         )
         if judgement.state == acceptance.CANDIDATE:
             # Waiting for Cloud's data-quality result: evaluated_at stays, so the sweep retries.
@@ -310,6 +314,7 @@ def _apply(
             run.state = "rejected"
             events.append(_announce(session, dataset, run, "run.rejected", summary, now))
             events.extend(_withdraw(session, dataset, run, now))
+    _keep_profile(session, run, judgement, now)
     outcome = run.state if changed else "unchanged"
     return Evaluation(
         run.run_id,
@@ -482,22 +487,34 @@ def _tally(
     return tallies, pending
 
 
-def _previous_accepted_records(session: Session, run: Run) -> int | None:
-    """How many records the dataset's last accepted run before this one published."""
-    previous = session.execute(
-        select(Run.run_id)
+def accepted_history(session: Session, run: Run, *, limit: int) -> list[acceptance.Profile]:
+    """The profiles of the dataset's last ``limit`` accepted runs begun before ``run``, newest
+    first; rejected runs never count."""
+    rows = session.execute(
+        select(RunProfile)
+        .join(Run, Run.run_id == RunProfile.run_id)
         .where(
             Run.dataset == run.dataset,
             Run.run_id != run.run_id,
             Run.state.in_(("accepted", "published")),
             Run.created_at < run.created_at,
         )
-        .order_by(Run.created_at.desc())
-        .limit(1)
-    ).scalar_one_or_none()
-    if previous is None:
-        return None
-    return _valid_records(session, previous)
+        .order_by(Run.created_at.desc(), Run.run_id.desc())
+        .limit(limit)
+    ).scalars()
+    return [
+        acceptance.Profile(
+            records=row.records,
+            partitions={str(k): int(v) for k, v in row.partitions.items()},
+            fill_rates={str(k): float(v) for k, v in row.fill_rates.items()},
+            partition_fill_rates={
+                str(p): {str(k): float(v) for k, v in rates.items()}
+                for p, rates in row.partition_fill_rates.items()
+            },
+            run_id=row.run_id,
+        )
+        for row in rows
+    ]
 
 
 def _valid_records(session: Session, run_id: str) -> int:
@@ -529,6 +546,28 @@ def _write_partition_verdicts(
             )
         )
     session.flush()
+
+
+def _keep_profile(session: Session, run: Run, judgement: Judgement, now: datetime) -> None:
+    """An accepted run's profile joins its dataset's history; a rejected run's leaves it."""
+    profile = judgement.profile
+    if judgement.state != acceptance.ACCEPTED or profile is None:
+        session.execute(delete(RunProfile).where(RunProfile.run_id == run.run_id))
+        return
+    values = profile.as_dict()
+    session.merge(
+        RunProfile(
+            run_id=run.run_id,
+            dataset=run.dataset,
+            revision=run.revision,
+            records=profile.records,
+            partitions=values["partitions"],
+            fill_rates=values["fill_rates"],
+            partition_fill_rates=values["partition_fill_rates"],
+            fields=values["fields"],
+            profiled_at=now,
+        )
+    )
 
 
 def _in_partitions(names: list[str]) -> Any:

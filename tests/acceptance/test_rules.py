@@ -256,14 +256,17 @@ def test_conflicting_duplicates_fail_the_run_above_their_threshold() -> None:
     assert (reason.code, reason.got, reason.expected) == ("conflicting_duplicates", 10.0, 1)
 
 
-def test_record_count_is_judged_against_the_minimum_and_the_last_accepted_run() -> None:
-    """Too few records, or a drop beyond max_record_drop_percent, fail with both numbers."""
+def test_record_count_is_judged_against_the_minimum_and_the_baseline() -> None:
+    """Too few records, or a drop beyond max_record_drop_percent below the baseline, fail with
+    the run's count, the baseline and the least count allowed; a gain never fails."""
     quality = replace(QUALITY, min_records=10, max_record_drop_percent=50.0)
     assert codes(acceptance.record_count_reasons(5, None, quality)) == ["min_records"]
     assert acceptance.record_count_reasons(600, 1000, quality) == []
-    (drop,) = acceptance.record_count_reasons(400, 1000, quality)
-    assert (drop.code, drop.got, drop.expected) == ("record_drop", 60.0, 50)
-    assert drop.detail == {"records": 400, "previous": 1000}
+    assert acceptance.record_count_reasons(9000, 1000, quality) == []
+    (drop,) = acceptance.record_count_reasons(400, 1000, quality, runs=7)
+    assert (drop.code, drop.got, drop.baseline, drop.expected) == ("record_drop", 400, 1000, 500)
+    assert drop.detail == {"drop_percent": 60.0, "max_drop_percent": 50, "baseline_runs": 7}
+    assert "baseline of 1000 (the median of the last 7 accepted runs)" in drop.message
 
 
 # --- the verdict ----------------------------------------------------------------------------
@@ -286,7 +289,6 @@ def judge(dataset: Dataset, tallies: dict[str, PartitionTally], **kw: Any) -> An
         jobs=kw.get("jobs", [finished(scheduled=300)]),
         imports=kw.get("imports", ImportFacts(300, 0, 300, 0)),
         tallies=tallies,
-        previous_records=kw.get("previous"),
     )
 
 
@@ -370,6 +372,8 @@ def test_reasons_are_stored_as_plain_values() -> None:
         "partition": None,
         "detail": {"x": 1},
     }
+    drop = Reason("record_drop", "m", got=700, expected=750, baseline=1000)
+    assert (drop.as_dict()["got"], drop.as_dict()["baseline"]) == (700, 1000)
 
 
 # --- the datasets file's acceptance keys -----------------------------------------------------

@@ -207,20 +207,23 @@ def test_consent_pages_that_keep_their_keys_are_caught_by_their_markers(
     assert found.state == "rejected"
 
 
-def test_a_failed_job_is_rejected_and_a_big_drop_against_the_last_run_too(
+def test_a_failed_job_is_rejected_and_a_big_drop_against_the_baseline_too(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
-    """A job that ended 'failed' is not a collection; a run with 60% fewer records than the last
-    accepted one is rejected with both counts."""
-    sync(web, services, finished_job(cloud, product_records(100)))
-    failed = finished_job(cloud, product_records(100, start=100), status="failed")
+    """A job that ended 'failed' is not a collection; once three runs were accepted, a run with
+    60% fewer records than their median is rejected with the count, baseline and allowance."""
+    failed = finished_job(cloud, product_records(100), status="failed")
     sync(web, services, failed)
     assert [r["code"] for r in verdict(services, run_id_of(failed)).reasons] == ["job_not_finished"]
-    small = finished_job(cloud, product_records(40, start=200))
+    for start in (100, 200, 300):
+        sync(web, services, finished_job(cloud, product_records(100, start=start)))
+    small = finished_job(cloud, product_records(40, start=400))
     sync(web, services, small)
-    (drop,) = verdict(services, run_id_of(small)).reasons
-    assert (drop["code"], drop["got"], drop["expected"]) == ("record_drop", 60.0, 50)
-    assert drop["detail"] == {"records": 40, "previous": 100}
+    codes = [r["code"] for r in verdict(services, run_id_of(small)).reasons]
+    assert codes[0] == "record_drop"
+    drop = verdict(services, run_id_of(small)).reasons[0]
+    assert (drop["got"], drop["baseline"], drop["expected"]) == (40, 100, 75)
+    assert drop["detail"]["drop_percent"] == 60.0
 
 
 def test_conflicting_duplicates_in_one_job_reject_the_run(

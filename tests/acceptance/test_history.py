@@ -1,0 +1,211 @@
+"""Judging runs against their dataset's history, end to end: Cloud notifies, the worker syncs and
+evaluates each run against the profiles of the accepted runs before it, kept in the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from flask import Flask
+from sqlalchemy import select
+
+from simulator import CloudState
+from sync.bootstrap import Services
+from sync.models import RunProfile
+from tests.acceptance.flow import (
+    DATASETS_TOML,
+    RETAILERS,
+    exported,
+    finished_job,
+    product_records,
+    published,
+    run_id_of,
+    settle,
+    use_datasets,
+    verdict,
+)
+from tests.harness import notify
+
+pytestmark = pytest.mark.redis
+
+# Only the entity key is required and Cloud's own column check is off, so what catches an
+# emptied or vanished field here is the history, not a fixed rule.
+HISTORY_TOML = DATASETS_TOML.replace('required = ["sku", "price"]', 'required = ["sku"]').replace(
+    'parsers = { price = "number" }', 'parsers = { price = "number" }\nuse_cloud_quality = false'
+)
+PER_RETAILER = 100
+
+
+def history_datasets(*, policy: str = "reject", quality: str = "") -> str:
+    """The history test dataset, with another policy and extra quality lines."""
+    text = HISTORY_TOML.replace('policy = "reject"', f'policy = "{policy}"')
+    return text.replace("use_cloud_quality = false", f"use_cloud_quality = false\n{quality}")
+
+
+def collect(
+    web: Flask, services: Services, cloud: CloudState, records: list[dict[str, str]]
+) -> str:
+    """A finished Cloud job with these records, notified, synced and evaluated; its run id."""
+    job_id = finished_job(cloud, records)
+    notify(web, job_id)
+    settle(services)
+    return run_id_of(job_id)
+
+
+def three_accepted_runs(web: Flask, services: Services, cloud: CloudState) -> list[str]:
+    """The dataset's history: three accepted runs of 100 records per retailer."""
+    accepted = []
+    for i in range(3):
+        run_id = collect(web, services, cloud, product_records(400, start=400 * i))
+        assert verdict(services, run_id).state == "published"
+        accepted.append(run_id)
+    return accepted
+
+
+@pytest.fixture(autouse=True)
+def history_dataset(services: Services) -> None:
+    """Every test here runs on the history dataset."""
+    use_datasets(services, history_datasets())
+
+
+def test_each_accepted_run_leaves_its_profile_in_the_database(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Record count, records per partition, fill rates overall and per partition, fields."""
+    records = product_records(400)
+    alpha = records[0]["retailer"]
+    for record in records:
+        if record["retailer"] == alpha:
+            record["title"] = ""
+    run_id = collect(web, services, cloud, records)
+    assert verdict(services, run_id).state == "published"
+    with services.uow.begin() as session:
+        profile = session.get(RunProfile, run_id)
+        assert profile is not None
+        assert (profile.dataset, profile.records) == ("products", 400)
+        assert profile.partitions == dict.fromkeys(RETAILERS, PER_RETAILER)
+        assert profile.fill_rates["title"] == 75.0
+        assert profile.fill_rates["price"] == 100.0
+        assert profile.partition_fill_rates[alpha]["title"] == 0.0
+        assert profile.partition_fill_rates[records[1]["retailer"]]["title"] == 100.0
+        assert set(profile.fields) == {"sku", "title", "price", "url", "retailer"}
+
+
+def test_a_run_with_30_percent_fewer_records_is_rejected_for_record_drop(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """280 records against a baseline of 400: rejected with got, baseline and allowed; the
+    last accepted run stays published, and the rejected run leaves no profile."""
+    accepted = three_accepted_runs(web, services, cloud)
+    run_id = collect(web, services, cloud, product_records(280, start=5000))
+    found = verdict(services, run_id)
+    assert found.state == "rejected"
+    (reason,) = found.reasons
+    assert (reason["code"], reason["got"], reason["baseline"], reason["expected"]) == (
+        "record_drop",
+        280,
+        400,
+        300,
+    )
+    assert reason["detail"] == {"drop_percent": 30.0, "max_drop_percent": 25, "baseline_runs": 3}
+    assert published(services) == accepted[-1]
+    with services.uow.begin() as session:
+        assert session.get(RunProfile, run_id) is None
+
+
+def test_price_emptied_across_partitions_is_rejected_for_fill_rate_drop(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A selector that stopped matching: price empty in 40% of every retailer's records,
+    which no fixed rule of this dataset catches; rejected, naming price."""
+    three_accepted_runs(web, services, cloud)
+    records = product_records(400, start=5000)
+    for i, record in enumerate(records):
+        if i % 5 < 2:
+            record["price"] = ""
+    found = verdict(services, collect(web, services, cloud, records))
+    assert found.state == "rejected"
+    (reason,) = found.reasons
+    assert (reason["code"], reason["partition"], reason["detail"]["field"]) == (
+        "fill_rate_drop",
+        None,
+        "price",
+    )
+    assert (reason["got"], reason["baseline"], reason["expected"]) == (60, 100, 85)
+    assert "'price'" in reason["message"]
+    assert {p["state"] for p in found.partitions} == {"passed"}
+
+
+def test_a_field_missing_from_the_export_is_rejected_for_field_missing(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """title is gone from every record: rejected with field_missing naming it."""
+    three_accepted_runs(web, services, cloud)
+    records = product_records(400, start=5000)
+    for record in records:
+        del record["title"]
+    found = verdict(services, collect(web, services, cloud, records))
+    assert found.state == "rejected"
+    (reason,) = found.reasons
+    assert (reason["code"], reason["detail"]["field"], reason["got"], reason["baseline"]) == (
+        "field_missing",
+        "title",
+        "absent",
+        100,
+    )
+
+
+def test_one_retailer_at_a_tenth_is_quarantined_and_the_rest_published(
+    web: Flask, services: Services, cloud: CloudState, tmp_path: Path
+) -> None:
+    """publish_passing: one retailer returns 10 records instead of 100; it is quarantined for
+    partition_drop and the other three are published and exported."""
+    use_datasets(services, history_datasets(policy="publish_passing"))
+    three_accepted_runs(web, services, cloud)
+    small, *others = RETAILERS
+    records = product_records(300, start=5000, retailers=tuple(others))
+    records += product_records(10, start=6000, retailers=(small,))
+    run_id = collect(web, services, cloud, records)
+    found = verdict(services, run_id)
+    assert (found.state, found.is_published) == ("published", True)
+    by_partition = {p["partition"]: p for p in found.partitions}
+    assert by_partition[small]["state"] == "quarantined"
+    (reason,) = by_partition[small]["reasons"]
+    assert (reason["code"], reason["got"], reason["baseline"], reason["expected"]) == (
+        "partition_drop",
+        10,
+        100,
+        50,
+    )
+    assert {by_partition[p]["state"] for p in others} == {"passed"}
+    assert [r["code"] for r in found.reasons] == ["partition_quarantined"]
+    exported_records, manifest = exported(services, tmp_path)
+    assert (len(exported_records), manifest["run_id"]) == (300, run_id)
+    assert small not in {r["retailer"] for r in exported_records}
+
+
+def test_rejected_runs_never_enter_the_baseline(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Two big rejected runs after three accepted ones of 400 records: with a baseline of the
+    last three runs, the next run of 400 is still judged against the accepted 400s."""
+    use_datasets(services, history_datasets(quality="baseline_runs = 3"))
+    three_accepted_runs(web, services, cloud)
+    for i in range(2):
+        big = product_records(2000, start=10_000 + 2000 * i, garbage=RETAILERS[1])
+        assert verdict(services, collect(web, services, cloud, big)).state == "rejected"
+    found = verdict(services, collect(web, services, cloud, product_records(400, start=20_000)))
+    assert (found.state, found.reasons) == ("published", [])
+
+
+def test_the_first_runs_are_judged_by_the_absolute_rules_only(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Before three runs were accepted a smaller run is no record_drop: there is no history
+    to hold it against yet."""
+    collect(web, services, cloud, product_records(400))
+    collect(web, services, cloud, product_records(400, start=400))
+    found = verdict(services, collect(web, services, cloud, product_records(100, start=800)))
+    assert (found.state, found.reasons) == ("published", [])
+    with services.uow.begin() as session:
+        assert len(session.execute(select(RunProfile)).all()) == 3
