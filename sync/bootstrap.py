@@ -18,6 +18,7 @@ from redis import Redis
 
 from config.datasets import Datasets, load_datasets
 from config.settings import Settings
+from sync import secrecy
 from sync.budget import ApiBudget, MemoryApiBudget, RedisApiBudget, account_key_for
 from sync.client import CloudClient, RetryPolicy
 from sync.db import UnitOfWork, make_engine
@@ -112,10 +113,13 @@ def build(
             sleep=sleep,
         )
 
+    if datasets is None:
+        datasets = load_datasets(settings.datasets_path)
+    secrecy.register_settings(settings, datasets)
     return Services(
         settings=settings,
         uow=uow,
-        datasets=datasets if datasets is not None else load_datasets(settings.datasets_path),
+        datasets=datasets,
         dispatcher=dispatcher,
         cloud=cloud,
         redis=redis,

@@ -22,9 +22,9 @@ a 4xx, or a create_job whose fate is unknown (find the job by custom_id before l
 Downloads are retried only while nothing has been yielded.
 
 Secrecy: the API token is added as the `api_token` query parameter by the innermost transport
-only, so no URL that httpx logs or puts in an exception carries it; messages are redacted as
-well, errors are raised without chaining httpx's exceptions, and a filter on the "httpx" logger
-redacts `api_token=` in any line.
+only, so no URL that httpx logs or puts in an exception carries it; every error message passes
+through `sync.secrecy.scrub` (which knows the token and every other configured secret), errors
+are raised without chaining httpx's exceptions, and a filter on the "httpx" logger scrubs any line.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import csv
 import email.utils
 import json
 import logging
-import re
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,6 +44,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import httpx
 import orjson
+
+from sync import secrecy
 
 if TYPE_CHECKING:
     from sync.budget import ApiBudget
@@ -58,13 +59,7 @@ RUNNING_STATUSES: Final = frozenset(
     {"waiting-to-be-scheduled", "scheduling", "scheduled", "started", "waiting"}
 )
 
-_TOKEN_IN_TEXT = re.compile(r"(api_token=)[^&\s\"'<>#]*", re.IGNORECASE)
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
-
-
-def redact(text: str) -> str:
-    """Replace every `api_token=` query value in text with `***`."""
-    return _TOKEN_IN_TEXT.sub(r"\1***", text)
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -82,7 +77,7 @@ class CloudError(Exception):
         validation_errors: Mapping[str, list[str]] | None = None,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(secrecy.scrub(message))
         self.status = status
         self.error = error
         self.validation_errors: Mapping[str, list[str]] = dict(validation_errors or {})
@@ -259,25 +254,10 @@ class ProblematicUrl:
 # --- plumbing ---------------------------------------------------------------------------------
 
 
-class _RedactingFilter(logging.Filter):
-    """Rewrites log records so no `api_token=` value reaches a handler."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            message = record.getMessage()
-        except Exception:  # a malformed record is the logging module's problem, not ours
-            return True
-        redacted = redact(message)
-        if redacted != message:
-            record.msg = redacted
-            record.args = None
-        return True
-
-
 def _install_log_redaction() -> None:
     httpx_logger = logging.getLogger("httpx")
-    if not any(isinstance(f, _RedactingFilter) for f in httpx_logger.filters):
-        httpx_logger.addFilter(_RedactingFilter())
+    if not any(isinstance(f, secrecy.ScrubbingFilter) for f in httpx_logger.filters):
+        httpx_logger.addFilter(secrecy.ScrubbingFilter())
 
 
 class _Secret:
@@ -364,9 +344,9 @@ def _validation_errors(payload: Mapping[str, Any] | None) -> dict[str, list[str]
     errors: dict[str, list[str]] = {}
     for key, messages in raw.items():
         if isinstance(messages, list):
-            errors[str(key)] = [redact(str(m)) for m in messages]
+            errors[str(key)] = [secrecy.scrub(str(m)) for m in messages]
         else:
-            errors[str(key)] = [redact(str(messages))]
+            errors[str(key)] = [secrecy.scrub(str(messages))]
     return errors
 
 
@@ -409,6 +389,7 @@ class CloudClient:
     ) -> None:
         if not token:
             raise ValueError("a Web Scraper Cloud API token is required")
+        secrecy.register(token)
         _install_log_redaction()
         self._secret = _Secret(token)
         self._budget = budget
@@ -898,4 +879,4 @@ class CloudClient:
         return f"{method} {path}: {kind}: {detail}" if detail else f"{method} {path}: {kind}"
 
     def _scrub(self, text: str) -> str:
-        return redact(text).replace(self._secret.reveal(), "***")
+        return secrecy.scrub(text).replace(self._secret.reveal(), secrecy.MASK)

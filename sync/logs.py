@@ -8,13 +8,13 @@ import sys
 from datetime import UTC, datetime
 from typing import Any
 
-from sync.client import redact
+from sync import secrecy
 
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message"}
 
 
 class JsonFormatter(logging.Formatter):
-    """Formats a record as one JSON line; extra fields become keys; tokens are redacted."""
+    """Formats a record as one JSON line; extra fields become keys; secrets are masked."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
@@ -28,7 +28,7 @@ class JsonFormatter(logging.Formatter):
                 entry[key] = value
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
-        return redact(json.dumps(entry, default=str, ensure_ascii=False))
+        return secrecy.scrub(json.dumps(entry, default=str, ensure_ascii=False))
 
 
 def configure(level: int = logging.INFO) -> None:
@@ -42,6 +42,26 @@ def configure(level: int = logging.INFO) -> None:
     root.addHandler(handler)
     root.setLevel(level)
     root.propagate = False
+    _scrub_foreign_loggers()
+
+
+FOREIGN_LOGGERS = (
+    "rq.worker",
+    "rq.job",
+    "rq.queue",
+    "rq.scheduler",
+    "httpx",
+    "webhooks",
+    "werkzeug",
+)
+
+
+def _scrub_foreign_loggers() -> None:
+    """Libraries log through their own handlers; their lines are scrubbed of secrets too."""
+    for name in FOREIGN_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, secrecy.ScrubbingFilter) for f in logger.filters):
+            logger.addFilter(secrecy.ScrubbingFilter())
 
 
 def get(name: str) -> logging.Logger:

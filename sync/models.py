@@ -25,6 +25,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from sync import secrecy
+
 NAMING = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -59,6 +61,29 @@ class UTCDateTime(TypeDecorator[datetime]):
 Payload = JSON().with_variant(JSONB(), "postgresql")
 
 
+class ScrubbedText(TypeDecorator[str]):
+    """Text that never stores a secret: every configured secret is masked on the way in."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else secrecy.scrub(value)
+
+
+class ScrubbedPayload(TypeDecorator[Any]):
+    """A JSON document that never stores a secret in any of its strings."""
+
+    impl = JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> Any:
+        return dialect.type_descriptor(JSONB() if dialect.name == "postgresql" else JSON())
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
+        return secrecy.scrub_value(value)
+
+
 class Base(DeclarativeBase):
     """Declarative base with constraint names that migrate the same on every database."""
 
@@ -78,7 +103,7 @@ class Run(Base):
     sitemap_name: Mapped[str | None] = mapped_column(String(200))
     config_version: Mapped[str | None] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(20), default="collecting")
-    reasons: Mapped[list[Any]] = mapped_column(Payload, default=list)
+    reasons: Mapped[list[Any]] = mapped_column(ScrubbedPayload, default=list)
     revision: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     evaluated_at: Mapped[datetime | None]
     accepted_at: Mapped[datetime | None]
@@ -123,7 +148,7 @@ class Notification(Base):
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     received_at: Mapped[datetime] = mapped_column(default=utcnow)
     remote_addr: Mapped[str | None] = mapped_column(String(64))
-    form: Mapped[dict[str, Any]]
+    form: Mapped[dict[str, Any]] = mapped_column(ScrubbedPayload)
     job_id: Mapped[int | None] = mapped_column(BigInteger, index=True)
     status: Mapped[str | None] = mapped_column(String(40))
     task_key: Mapped[str | None] = mapped_column(String(100))
@@ -151,7 +176,7 @@ class SyncTask(Base):
     lease_token: Mapped[int] = mapped_column(Integer, default=0)
     enqueued_at: Mapped[datetime | None]
     last_error_class: Mapped[str | None] = mapped_column(String(100))
-    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(ScrubbedText)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -174,7 +199,7 @@ class Attempt(Base):
     http_status: Mapped[int | None] = mapped_column(Integer)
     outcome: Mapped[str] = mapped_column(String(20), default="running")
     error_class: Mapped[str | None] = mapped_column(String(100))
-    error: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(ScrubbedText)
     records_read: Mapped[int] = mapped_column(Integer, default=0)
     inserted: Mapped[int] = mapped_column(Integer, default=0)
     updated: Mapped[int] = mapped_column(Integer, default=0)
@@ -219,7 +244,7 @@ class PartitionVerdict(Base):
     partition: Mapped[str] = mapped_column(String(200))
     state: Mapped[str] = mapped_column(String(20))
     records: Mapped[int] = mapped_column(Integer, default=0)
-    reasons: Mapped[list[Any]] = mapped_column(Payload, default=list)
+    reasons: Mapped[list[Any]] = mapped_column(ScrubbedPayload, default=list)
     evaluated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("run_id", "partition"),)
@@ -241,7 +266,7 @@ class OutboxEvent(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
     delivered_at: Mapped[datetime | None]
-    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(ScrubbedText)
 
 
 class Delivery(Base):
@@ -258,7 +283,7 @@ class Delivery(Base):
     lease_until: Mapped[datetime | None]
     delivered_at: Mapped[datetime | None]
     last_status: Mapped[int | None] = mapped_column(Integer)
-    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(ScrubbedText)
 
     __table_args__ = (UniqueConstraint("event_id", "destination"),)
 
@@ -303,7 +328,7 @@ class Launch(Base):
     job_id: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-    last_error: Mapped[str | None] = mapped_column(Text)
+    last_error: Mapped[str | None] = mapped_column(ScrubbedText)
 
 
 class MaintenanceRun(Base):
@@ -315,7 +340,7 @@ class MaintenanceRun(Base):
     kind: Mapped[str] = mapped_column(String(20))
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
-    summary: Mapped[dict[str, Any]] = mapped_column(Payload, default=dict)
+    summary: Mapped[dict[str, Any]] = mapped_column(ScrubbedPayload, default=dict)
 
 
 class RunProfile(Base):

@@ -1,0 +1,108 @@
+"""The one place that keeps secrets out of text: every log line, stored error, error message and
+CLI output passes through :func:`scrub`.
+
+A secret is any configured credential: the Cloud API token, the notification (webhook) token,
+the status token and every destination's signing secret. The composition root registers them
+once per process (:func:`register_settings`); the Cloud client registers the token it is given.
+:func:`scrub` replaces each of them, raw or in its URL-encoded or JSON-escaped spellings, and any
+``api_token=`` query value, with ``***``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from typing import TYPE_CHECKING, Any, Final
+from urllib.parse import quote, quote_plus
+
+if TYPE_CHECKING:
+    from config.datasets import Datasets
+    from config.settings import Settings
+
+MASK: Final = "***"
+MIN_LENGTH: Final = 4  # shorter values would mask ordinary words; no real credential is this short
+
+_TOKEN_PARAM = re.compile(r"(api_token=)[^&\s\"'<>#]*", re.IGNORECASE)
+_lock = threading.Lock()
+_secrets: set[str] = set()
+_pattern: re.Pattern[str] | None = None
+
+
+def _spellings(secret: str) -> set[str]:
+    """The ways a secret can appear in text: raw, percent-encoded (either hex case), JSON."""
+    forms = {secret, quote(secret, safe=""), quote(secret), quote_plus(secret)}
+    forms |= {re.sub(r"%[0-9A-F]{2}", lambda m: m.group(0).lower(), f) for f in set(forms)}
+    forms.add(json.dumps(secret)[1:-1])
+    forms.add(json.dumps(secret, ensure_ascii=False)[1:-1])
+    return {f for f in forms if f}
+
+
+def register(*secrets: str | None) -> None:
+    """Add values that must never appear in text this process writes."""
+    global _pattern
+    fresh = {s for s in secrets if s and len(s) >= MIN_LENGTH} - _secrets
+    if not fresh:
+        return
+    with _lock:
+        _secrets.update(fresh)
+        forms = set().union(*(_spellings(s) for s in _secrets))
+        # longest first, so a secret that contains another is masked whole
+        _pattern = re.compile("|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)))
+
+
+def secrets_of(settings: Settings, datasets: Datasets | None = None) -> list[str]:
+    """Every secret a deployment is configured with: tokens and destination signing secrets."""
+    found = [settings.api_token, settings.webhook_token, settings.status_token]
+    if datasets is not None:
+        for dataset in datasets.by_name.values():
+            for destination in dataset.destinations:
+                secret = settings.secret(destination.secret_env or "")
+                if secret:
+                    found.append(secret)
+                    found.append(secret.removeprefix("whsec_"))  # the key part on its own
+    return [s for s in found if s]
+
+
+def register_settings(settings: Settings, datasets: Datasets | None = None) -> None:
+    """Register every secret of this deployment."""
+    register(*secrets_of(settings, datasets))
+
+
+def scrub(text: str) -> str:
+    """The text with every registered secret and every ``api_token=`` value masked."""
+    text = _TOKEN_PARAM.sub(r"\1" + MASK, text)
+    pattern = _pattern
+    return text if pattern is None else pattern.sub(MASK, text)
+
+
+def scrub_value(value: Any) -> Any:
+    """A JSON-like value with every string in it (keys too) scrubbed."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {scrub_value(k): scrub_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub_value(v) for v in value]
+    return value
+
+
+class ScrubbingFilter(logging.Filter):
+    """Rewrites a log record's message and exception text so no secret reaches a handler."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Scrub the record in place; never drops it."""
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record is the logging module's problem, not ours
+            return True
+        clean = scrub(message)
+        if clean != message:
+            record.msg = clean
+            record.args = None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = scrub(record.exc_text)
+        return True

@@ -1,0 +1,81 @@
+"""Fixtures for hostile input: a deployment with every kind of secret configured."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from urllib.parse import quote
+
+import httpx
+import pytest
+from redis import Redis
+
+from config.datasets import Datasets, parse_datasets
+from simulator import CloudState
+from simulator import create_app as create_simulator
+from sync import bootstrap
+from sync.bootstrap import Services
+from sync.budget import MemoryApiBudget
+from sync.db import UnitOfWork
+from tests.harness import API_TOKEN, DATASETS_TOML, WEBHOOK_TOKEN
+
+STATUS_TOKEN = "status-secret-77e1c9"
+SIGNING_SECRET = "sign/secret+with spaces&more"
+SECRETS = (API_TOKEN, WEBHOOK_TOKEN, STATUS_TOKEN, SIGNING_SECRET)
+
+DESTINATION_TOML = """
+[[datasets.products.destinations]]
+url = "https://receiver.example/hooks"
+secret_env = "PRODUCTS_HOOK_SECRET"
+"""
+
+
+def spellings(secret: str) -> list[str]:
+    """A secret as a hostile echo would spell it: raw and URL-encoded."""
+    return [secret, quote(secret, safe=""), quote(secret, safe="").lower()]
+
+
+def leaked(text: str) -> list[str]:
+    """The secrets (in any spelling) that appear in ``text``."""
+    return [s for s in SECRETS for form in spellings(s) if form in text]
+
+
+def echo_of_every_secret() -> str:
+    """A string that quotes every configured secret in every spelling."""
+    return " ".join(form for s in SECRETS for form in spellings(s))
+
+
+@pytest.fixture
+def secret_datasets() -> Datasets:
+    """The test datasets file with a signed destination."""
+    return parse_datasets(DATASETS_TOML + DESTINATION_TOML, source="tests")
+
+
+@pytest.fixture
+def guarded(
+    services: Services,
+    uow: UnitOfWork,
+    redis_conn: Redis,
+    cloud: CloudState,
+    secret_datasets: Datasets,
+    sleeps: list[float],
+) -> Iterator[Services]:
+    """Services configured with an API token, a webhook token, a status token and a signing
+    secret, on the test databases and the in-process simulator."""
+    settings = replace(
+        services.settings,
+        status_token=STATUS_TOKEN,
+        environment={"PRODUCTS_HOOK_SECRET": SIGNING_SECRET},
+    )
+    built = bootstrap.build(
+        settings,
+        datasets=secret_datasets,
+        redis=redis_conn,
+        transport=httpx.WSGITransport(app=create_simulator(cloud)),
+        budget=MemoryApiBudget(limit=1000, window=900.0),
+        sleep=sleeps.append,
+    )
+    built.uow = uow
+    bootstrap.use(built)
+    yield built
+    bootstrap.use(services)
