@@ -20,7 +20,13 @@ ON_SQLITE = DATABASE_URL.startswith("sqlite")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On the SQLite pass, leave out tests that need PostgreSQL."""
+    """The long fuzz runs only when ``-m fuzz`` asks; on the SQLite pass, leave out tests that
+    need PostgreSQL."""
+    if "fuzz" not in (config.option.markexpr or ""):
+        fuzz = [item for item in items if "fuzz" in item.keywords]
+        if fuzz:
+            config.hook.pytest_deselected(items=fuzz)
+            items[:] = [item for item in items if "fuzz" not in item.keywords]
     if not ON_SQLITE:
         return
     skip = pytest.mark.skip(reason="needs PostgreSQL; this pass runs on SQLite")
