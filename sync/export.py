@@ -27,6 +27,8 @@ from sync.bootstrap import Services
 from sync.models import Observation, PartitionVerdict, Publication, Run
 
 FORMATS = ("jsonl", "csv")
+FORMULA_STARTS = frozenset("=+-@\t\r")
+PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
 EXPORTABLE = ("accepted", "published")
 PROGRESS_EVERY = 1000  # rows between two progress reports
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -130,42 +132,47 @@ def write_export(
         if on_progress is not None:
             on_progress(written, total)
 
-    if fmt == "jsonl":
-        _write_file(path, lambda handle: _write_jsonl(handle, rows()))
-    else:
-        columns = _columns(session, run_id)
-        _write_file(path, lambda handle: _write_csv(handle, columns, rows()))
-    file_hash, size = _file_sha256(path)
-    records = sum(partitions.values())
-    quarantined = sorted(
-        session.execute(
-            select(PartitionVerdict.partition).where(
-                PartitionVerdict.run_id == run_id, PartitionVerdict.state == "quarantined"
-            )
-        ).scalars()
-    )
-    manifest = {
-        "dataset": dataset,
-        "run_id": run_id,
-        "collection_window": run.collection_window,
-        "revision": run.revision,
-        "state": run.state,
-        "is_published": current == run_id,
-        "format": fmt,
-        "file": path.name,
-        "records": records,
-        "partitions": dict(sorted(partitions.items())),
-        "quarantined_partitions": quarantined,
-        "sha256": file_hash,
-        "bytes": size,
-        "records_sha256": digest.hexdigest(),
-        "accepted_at": run.accepted_at.isoformat() if run.accepted_at else None,
-        "published_at": run.published_at.isoformat() if run.published_at else None,
-        "generated_at": now.isoformat(),
-    }
-    write_atomically(
-        manifest_path, (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode()
-    )
+    try:
+        if fmt == "jsonl":
+            _write_file(path, lambda handle: _write_jsonl(handle, rows()))
+        else:
+            columns = _columns(session, run_id)
+            _write_file(path, lambda handle: _write_csv(handle, columns, rows()))
+        file_hash, size = _file_sha256(path)
+        records = sum(partitions.values())
+        quarantined = sorted(
+            session.execute(
+                select(PartitionVerdict.partition).where(
+                    PartitionVerdict.run_id == run_id, PartitionVerdict.state == "quarantined"
+                )
+            ).scalars()
+        )
+        manifest = {
+            "dataset": dataset,
+            "run_id": run_id,
+            "collection_window": run.collection_window,
+            "revision": run.revision,
+            "state": run.state,
+            "is_published": current == run_id,
+            "format": fmt,
+            "file": path.name,
+            "records": records,
+            "partitions": dict(sorted(partitions.items())),
+            "quarantined_partitions": quarantined,
+            "sha256": file_hash,
+            "bytes": size,
+            "records_sha256": digest.hexdigest(),
+            "accepted_at": run.accepted_at.isoformat() if run.accepted_at else None,
+            "published_at": run.published_at.isoformat() if run.published_at else None,
+            "generated_at": now.isoformat(),
+        }
+        write_atomically(
+            manifest_path, (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode()
+        )
+    except OSError as exc:
+        raise ExportError(
+            f"cannot write the export of run {run_id!r} to {path}: {exc.strerror or exc}"
+        ) from None
     return ExportResult(
         dataset=dataset,
         run_id=run_id,
@@ -213,18 +220,27 @@ def _write_jsonl(handle: IO[bytes], rows: Iterator[dict[str, Any]]) -> None:
         handle.write(line.encode() + b"\n")
 
 
+def neutralise(text: str) -> str:
+    """A CSV cell a spreadsheet never runs as a formula: text that starts with ``=``, ``+``,
+    ``-``, ``@``, TAB or CR gets a leading single quote (OWASP's advice); a plain number stays
+    as it is, since a spreadsheet reads it as a number."""
+    if text[:1] in FORMULA_STARTS and not PLAIN_NUMBER.fullmatch(text):
+        return "'" + text
+    return text
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
-        return value
+        return neutralise(value)
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _write_csv(handle: IO[bytes], columns: list[str], rows: Iterator[dict[str, Any]]) -> None:
     text = io.TextIOWrapper(handle, encoding="utf-8", newline="")
     writer = csv.writer(text)
-    writer.writerow(columns)
+    writer.writerow([neutralise(c) for c in columns])
     for payload in rows:
         writer.writerow([_cell(payload.get(c)) for c in columns])
     text.flush()

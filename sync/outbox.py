@@ -176,10 +176,12 @@ def event_body(event_id: str, event_type: str, created_at: datetime, payload: An
 
 
 def signing_key(secret: str) -> bytes:
-    """The HMAC key of a Standard Webhooks secret (``whsec_<base64>``) or of a raw secret."""
+    """The HMAC key of a Standard Webhooks secret (``whsec_<base64>``, ``=`` padding optional)
+    or of a raw secret (its UTF-8 bytes)."""
     if secret.startswith(SECRET_PREFIX):
+        encoded = secret[len(SECRET_PREFIX) :].rstrip("=")
         try:
-            return base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
+            return base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
         except (binascii.Error, ValueError):
             raise DeliveryConfigError(
                 "the signing secret starts with whsec_ but the rest is not base64"
