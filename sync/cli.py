@@ -7,16 +7,72 @@ from collections.abc import Callable
 from typing import Any
 
 import click
+from redis.exceptions import RedisError
 from sqlalchemy.exc import OperationalError
 
 from config.datasets import DatasetsFileError
 from config.settings import ConfigError, Settings
-from sync import db, logs
+from sync import db, logs, secrecy
 from sync.bootstrap import Services
-from sync.client import CloudClient
+from sync.client import CloudClient, CloudError
 
 
-@click.group()
+class CommandError(click.ClickException):
+    """An expected failure: one ``error:`` line (secrets masked) and a non-zero exit status."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(secrecy.scrub(message))
+
+    def show(self, file: Any = None) -> None:
+        """Print the one line on standard error."""
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class SetupError(CommandError):
+    """The deployment cannot start the command: settings, datasets file or database."""
+
+    exit_code = 2
+
+
+def failure_of(exc: BaseException) -> CommandError | None:
+    """The one-line error an expected failure becomes, or None for a bug (which keeps its
+    traceback)."""
+    if isinstance(exc, ConfigError | DatasetsFileError):
+        return SetupError(str(exc))
+    if isinstance(exc, OperationalError):
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        return SetupError(f"cannot reach the database: {reason}")
+    if isinstance(exc, RedisError):
+        return CommandError(f"cannot reach Redis: {type(exc).__name__}: {exc}")
+    if isinstance(exc, CloudError):
+        return CommandError(f"Web Scraper Cloud refused or failed: {exc}")
+    return None
+
+
+class Commands(click.Group):
+    """The command group: expected failures become one ``error:`` line, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the chosen command, turning expected failures into :class:`CommandError`."""
+        try:
+            return super().invoke(ctx)
+        except (CommandError, click.UsageError):
+            raise
+        except click.ClickException as exc:
+            raise CommandError(exc.format_message()) from None
+        except Exception as exc:
+            failure = failure_of(exc)
+            if failure is None:
+                raise
+            raise failure from None
+
+
+def echo(text: str, *, err: bool = False) -> None:
+    """Print a line of output with every secret masked."""
+    click.echo(secrecy.scrub(text), err=err)
+
+
+@click.group(cls=Commands)
 @click.version_option(package_name="scrapesync", message="%(prog)s %(version)s")
 def main() -> None:
     """Keep a database in step with Web Scraper Cloud."""
@@ -33,7 +89,7 @@ def db_upgrade(revision: str) -> None:
     """Apply database migrations (the release process)."""
     settings = _settings()
     db.upgrade(settings.database_url, revision)
-    click.echo(f"database at revision {revision}")
+    echo(f"database at revision {revision}")
 
 
 @db_group.command("downgrade")
@@ -42,27 +98,26 @@ def db_downgrade(revision: str) -> None:
     """Revert database migrations to REVISION (``base`` empties the schema)."""
     settings = _settings()
     db.downgrade(settings.database_url, revision)
-    click.echo(f"database at revision {revision}")
+    echo(f"database at revision {revision}")
 
 
 def _settings() -> Settings:
     try:
         return Settings.from_env()
     except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CommandError(str(exc)) from None
 
 
 def run() -> None:
-    """Entry point that turns configuration errors into one clear line."""
+    """Entry point: expected failures (settings, database, Redis, Cloud) are one clear line."""
     try:
         main()
-    except (ConfigError, DatasetsFileError) as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(2)
-    except OperationalError as exc:
-        reason = str(exc.orig or exc).strip().splitlines()[0]
-        click.echo(f"error: cannot reach the database: {reason}", err=True)
-        sys.exit(2)
+    except Exception as exc:  # raised outside a command, e.g. while building the services
+        failure = failure_of(exc)
+        if failure is None:
+            raise
+        failure.show()
+        sys.exit(failure.exit_code)
 
 
 def _services() -> Services:
@@ -88,7 +143,7 @@ def sync_command(job_id: int) -> None:
     finally:
         progress.close()
     if result.outcome == "not_claimed":
-        raise click.ClickException(
+        raise CommandError(
             f"task {wish.task_key} is {result.state} (another worker holds it, or it waits "
             f"until {result.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC)"
         )
@@ -101,12 +156,12 @@ def sync_command(job_id: int) -> None:
         )
     if result.error:
         line += f" ({result.error})"
-    click.echo(line)
+    echo(line)
     if result.outcome == "committed" and result.state == "committed" and result.run_id:
         from sync import runs
 
         evaluation = runs.evaluate_run(services, result.run_id)
-        click.echo(f"run {result.run_id}: {evaluation.state} ({evaluation.outcome})")
+        echo(f"run {result.run_id}: {evaluation.state} ({evaluation.outcome})")
     if result.outcome not in ("committed",):
         sys.exit(1)
 
@@ -196,7 +251,7 @@ def _with_progress(services: Services, progress: Progress) -> Services:
 def _echo_json(values: object) -> None:
     import json
 
-    click.echo(json.dumps(values, indent=2, default=str, sort_keys=False))
+    echo(json.dumps(values, indent=2, default=str, sort_keys=False))
 
 
 @main.command("launch")
@@ -216,12 +271,12 @@ def launch_command(
     try:
         outcome = launch.launch(services, dataset, window=window, start_urls=start_urls)
     except launch.LaunchError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CommandError(str(exc)) from None
     if as_json:
         _echo_json(outcome.as_dict())
     else:
         job = f"Cloud job {outcome.job_id}" if outcome.job_id is not None else "no Cloud job yet"
-        click.echo(f"run {outcome.run_id}: {job} ({outcome.state}: {outcome.message})")
+        echo(f"run {outcome.run_id}: {job} ({outcome.state}: {outcome.message})")
     if outcome.state != "created":
         sys.exit(1)
 
@@ -254,12 +309,12 @@ def reconcile_command(since: str, dry_run: bool, as_json: bool) -> None:
     if as_json:
         _echo_json(report.as_dict())
         return
-    click.echo(report.summary_line())
+    echo(report.summary_line())
     if interactive:
         for wish in report.wanted:
-            click.echo(f"  job {wish.job_id}: {wish.reason}")
+            echo(f"  job {wish.job_id}: {wish.reason}")
         for run_id in report.runs_evaluated:
-            click.echo(f"  run {run_id}: evaluated")
+            echo(f"  run {run_id}: evaluated")
 
 
 @main.command("rerun")
@@ -283,12 +338,12 @@ def rerun_command(
             services, run_id, partition=partition, failed_pages=failed_pages, urls=urls
         )
     except (rerun.RerunError, launch.LaunchError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CommandError(str(exc)) from None
     if as_json:
         _echo_json(outcome.as_dict())
     else:
         job = f"Cloud job {outcome.job_id}" if outcome.job_id is not None else "no Cloud job yet"
-        click.echo(
+        echo(
             f"run {outcome.run_id}: recovery batch {outcome.batch_id} with "
             f"{len(outcome.start_urls)} start URLs: {job} ({outcome.state}: {outcome.message})"
         )
@@ -307,7 +362,7 @@ def status_command(as_json: bool, limit: int) -> None:
     if as_json:
         _echo_json(values)
     else:
-        click.echo(status.format_table(values))
+        echo(status.format_table(values))
 
 
 @main.command("doctor")
@@ -317,7 +372,7 @@ def doctor_command(as_json: bool) -> None:
     from sync import doctor
 
     report = doctor.diagnose(_settings())
-    click.echo(report.to_json() if as_json else report.text())
+    echo(report.to_json() if as_json else report.text())
     if not report.ok:
         sys.exit(1)
 
@@ -338,7 +393,7 @@ def simulator_command(
     for name in sitemaps:
         state.add_sitemap(name)
     server = serve(state, host=host, port=port)
-    click.echo(f"simulated Web Scraper Cloud at {server.api_url} (Ctrl-C stops it)")
+    echo(f"simulated Web Scraper Cloud at {server.api_url} (Ctrl-C stops it)")
     try:
         server.wait()
     except KeyboardInterrupt:
@@ -362,9 +417,9 @@ def demo_command(folder: str | None, records: int) -> None:
 
     from sync import demo
 
-    result = demo.run_demo(Path(folder) if folder else None, records=records, echo=click.echo)
+    result = demo.run_demo(Path(folder) if folder else None, records=records, echo=echo)
     if not result.ok:
-        raise click.ClickException(result.problem or "the demo did not finish")
+        raise CommandError(result.problem or "the demo did not finish")
 
 
 @main.command("export")
@@ -396,11 +451,11 @@ def export_command(dataset: str, run_id: str | None, fmt: str, out: str | None) 
             on_progress=progress.reporter("export") if progress.enabled else None,
         )
     except export.ExportError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise CommandError(str(exc)) from None
     finally:
         progress.close()
-    click.echo(
+    echo(
         f"{result.path} run={result.run_id} revision={result.revision} "
         f"records={result.records} sha256={result.sha256}"
     )
-    click.echo(f"{result.manifest_path}")
+    echo(f"{result.manifest_path}")

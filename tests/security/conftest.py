@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from urllib.parse import quote
@@ -9,6 +10,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 from redis import Redis
+from sqlalchemy import select
 
 from config.datasets import Datasets, parse_datasets
 from simulator import CloudState
@@ -17,6 +19,7 @@ from sync import bootstrap
 from sync.bootstrap import Services
 from sync.budget import MemoryApiBudget
 from sync.db import UnitOfWork
+from sync.models import Attempt, Launch, MaintenanceRun, SyncTask
 from tests.harness import API_TOKEN, DATASETS_TOML, WEBHOOK_TOKEN
 
 STATUS_TOKEN = "status-secret-77e1c9"
@@ -43,6 +46,32 @@ def leaked(text: str) -> list[str]:
 def echo_of_every_secret() -> str:
     """A string that quotes every configured secret in every spelling."""
     return " ".join(form for s in SECRETS for form in spellings(s))
+
+
+def echoing_422(cloud: CloudState, path: str, **only: str) -> None:
+    """Arm Cloud to answer a 422 whose validationErrors quote every secret."""
+    body = {"success": False, "validationErrors": {"api_token": [echo_of_every_secret()]}}
+    cloud.inject_fault(
+        "status",
+        path_contains=path,
+        times=None,
+        status=422,
+        body=json.dumps(body),
+        content_type="application/json",
+        **only,
+    )
+
+
+def stored_text(services: Services) -> str:
+    """Every error column and summary the sync path and reconcile write, as one text."""
+    with services.uow.begin() as session:
+        parts = [
+            *[str(e) for e in session.execute(select(Attempt.error)).scalars()],
+            *[str(e) for e in session.execute(select(SyncTask.last_error)).scalars()],
+            *[str(e) for e in session.execute(select(Launch.last_error)).scalars()],
+            *[json.dumps(s) for s in session.execute(select(MaintenanceRun.summary)).scalars()],
+        ]
+    return "\n".join(parts)
 
 
 @pytest.fixture

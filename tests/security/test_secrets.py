@@ -4,7 +4,6 @@ or CLI output, even when Cloud echoes it back."""
 from __future__ import annotations
 
 import io
-import json
 import logging
 from collections.abc import Iterator
 
@@ -17,9 +16,9 @@ from simulator import CloudState
 from sync import logs
 from sync.bootstrap import Services
 from sync.cli import main
-from sync.models import Attempt, Launch, MaintenanceRun, SyncTask
+from sync.models import SyncTask
 from tests.harness import drain, notify, products_sitemap
-from tests.security.conftest import echo_of_every_secret, leaked
+from tests.security.conftest import echoing_422, leaked, stored_text
 from webhooks import create_app
 
 pytestmark = pytest.mark.redis
@@ -40,39 +39,13 @@ def log_text() -> Iterator[io.StringIO]:
         logger.removeHandler(handler)
 
 
-def _echoing_422(cloud: CloudState, path: str, **only: str) -> None:
-    """Arm Cloud to answer a 422 whose validationErrors quote every secret."""
-    body = {"success": False, "validationErrors": {"api_token": [echo_of_every_secret()]}}
-    cloud.inject_fault(
-        "status",
-        path_contains=path,
-        times=None,
-        status=422,
-        body=json.dumps(body),
-        content_type="application/json",
-        **only,
-    )
-
-
-def _stored_text(services: Services) -> str:
-    """Every error column and summary the sync path and reconcile write, as one text."""
-    with services.uow.begin() as session:
-        parts = [
-            *[str(e) for e in session.execute(select(Attempt.error)).scalars()],
-            *[str(e) for e in session.execute(select(SyncTask.last_error)).scalars()],
-            *[str(e) for e in session.execute(select(Launch.last_error)).scalars()],
-            *[json.dumps(s) for s in session.execute(select(MaintenanceRun.summary)).scalars()],
-        ]
-    return "\n".join(parts)
-
-
 def test_a_secret_cloud_echoes_during_a_sync_reaches_no_row_and_no_log_line(
     guarded: Services, cloud: CloudState, log_text: io.StringIO
 ) -> None:
     """A 422 quoting every secret: the task is quarantined, its error says why, nothing leaks."""
     job_id = cloud.create_job(products_sitemap(cloud))
     cloud.run_job(job_id, n=3)
-    _echoing_422(cloud, f"scraping-job/{job_id}")
+    echoing_422(cloud, f"scraping-job/{job_id}")
     web: Flask = create_app(guarded)
     assert notify(web, job_id).status_code == 200
     drain(guarded)
@@ -82,7 +55,7 @@ def test_a_secret_cloud_echoes_during_a_sync_reaches_no_row_and_no_log_line(
         assert task.last_error is not None
         assert "HTTP 422" in task.last_error
         assert "***" in task.last_error
-    stored = _stored_text(guarded)
+    stored = stored_text(guarded)
     assert leaked(stored) == []
     assert "attempt.settled" in log_text.getvalue()
     assert leaked(log_text.getvalue()) == []
@@ -93,11 +66,11 @@ def test_reconcile_prints_and_stores_no_secret_cloud_echoes(
 ) -> None:
     """The job listing answered with a 422 quoting every secret: plain and JSON output and the
     maintenance row say the listing failed, with every secret masked."""
-    _echoing_422(cloud, "scraping-jobs")
+    echoing_422(cloud, "scraping-jobs")
     plain = CliRunner().invoke(main, ["reconcile"])
     as_json = CliRunner().invoke(main, ["reconcile", "--json"])
     for result in (plain, as_json):
         assert "HTTP 422" in result.output
         assert leaked(result.output) == []
-    assert "HTTP 422" in _stored_text(guarded)
-    assert leaked(_stored_text(guarded)) == []
+    assert "HTTP 422" in stored_text(guarded)
+    assert leaked(stored_text(guarded)) == []
