@@ -97,13 +97,69 @@ def payload_hash(canonical: str) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+def start_url_host(start: Any) -> str | None:
+    """The lower-case host of a record's start URL, or None."""
+    if isinstance(start, str) and start:
+        return (urlsplit(start).hostname or "").lower() or None
+    return None
+
+
 def partition_of(record: Mapping[str, Any], dataset: Dataset) -> str | None:
     """The partition a record belongs to: its partition field, else its start URL's host."""
     if dataset.partition:
         value = _key_value(record.get(dataset.partition))
         if value is not None:
             return value
-    start = record.get("web-scraper-start-url")
-    if isinstance(start, str) and start:
-        return (urlsplit(start).hostname or "").lower() or None
-    return None
+    return start_url_host(record.get("web-scraper-start-url"))
+
+
+Identified = tuple[str, str, str | None, str | None, str, str]
+
+
+class RecordIdentity:
+    """Everything the sync stages for a record of one dataset and window, in one call: the
+    observation key, entity key, partition, start URL, canonical payload and its hash. Same
+    values as the functions above, in a fraction of their Python steps (a sync makes this call
+    once per record)."""
+
+    def __init__(self, dataset: Dataset, window: str) -> None:
+        self.dataset = dataset
+        self._prefix = f"{dataset.name}\x1f{window}\x1f"
+        fields = dataset.entity_key
+        self._single = (
+            fields[0] if len(fields) == 1 and fields[0] not in dataset.url_fields else None
+        )
+        self._partition = dataset.partition
+
+    def __call__(self, record: Mapping[str, Any]) -> Identified | None:
+        """The record's staged values, or None when a key field is empty."""
+        single = self._single
+        if single is None:
+            key = entity_key(record, self.dataset)
+        else:
+            value = record.get(single)
+            key = (value.strip() or None) if type(value) is str else _key_value(value)
+        if key is None:
+            return None
+        start = record.get("web-scraper-start-url")
+        partition = None
+        if self._partition:
+            value = record.get(self._partition)
+            partition = (value.strip() or None) if type(value) is str else _key_value(value)
+        if partition is None:
+            partition = start_url_host(start)
+        payload = dict(record)
+        for name in META_FIELDS:
+            payload.pop(name, None)
+        try:
+            canonical = orjson.dumps(payload, option=_ORJSON_CANONICAL)
+        except orjson.JSONEncodeError:
+            canonical = _CANONICAL.encode(payload).encode()
+        return (
+            hashlib.sha256((self._prefix + key).encode()).hexdigest(),
+            key,
+            partition,
+            start if isinstance(start, str) else None,
+            canonical.decode(),
+            hashlib.sha256(canonical).hexdigest(),
+        )

@@ -326,16 +326,6 @@ def save_scraping_job(
 
 # --- observations -------------------------------------------------------------------------------
 
-STAGING_COLUMNS = (
-    "ord",
-    "observation_key",
-    "entity_key",
-    "partition",
-    "start_url",
-    "payload",
-    "payload_hash",
-)
-
 
 @dataclass(frozen=True)
 class UpsertCounts:
@@ -349,12 +339,22 @@ class UpsertCounts:
     conflicting_duplicates: int
 
 
+_STAGING = (
+    "CREATE TEMP TABLE IF NOT EXISTS obs_staging (ord integer, observation_key text, "
+    "payload_hash text, entity_key text, partition text, start_url text, payload text)"
+)
+_STAGED_COLUMNS = "ord, observation_key, payload_hash, entity_key, partition, start_url, payload"
+
+
 class ObservationStager:
     """Collects one job's records in a temporary table (COPY on PostgreSQL), then merges them
     into observations: new keys inserted, changed payloads updated, unchanged payloads neither
     written nor locked. Memory stays flat however many records the job has.
 
-    The staged payload is text: only the rows that are written get parsed as JSON."""
+    The staged payload is text: only the rows that are written get parsed as JSON. One
+    statement merges: it joins the staged hashes with the stored ones and writes only what is
+    new or changed (nothing is copied into a change table first), and counts what it wrote.
+    """
 
     def __init__(self, session: Session, *, batch_size: int = 5000) -> None:
         self.session = session
@@ -363,11 +363,7 @@ class ObservationStager:
         self.batch_size = batch_size
         self.count = 0
         self._batch: list[tuple[Any, ...]] = []
-        self.conn.exec_driver_sql(
-            "CREATE TEMP TABLE IF NOT EXISTS obs_staging (ord integer, observation_key text, "
-            "entity_key text, partition text, start_url text, payload text, payload_hash text)"
-            + (" ON COMMIT DROP" if self.postgres else "")
-        )
+        self.conn.exec_driver_sql(_STAGING + (" ON COMMIT DROP" if self.postgres else ""))
         self.conn.exec_driver_sql("DELETE FROM obs_staging")
 
     def add(
@@ -385,11 +381,11 @@ class ObservationStager:
             (
                 self.count,
                 observation_key,
+                payload_hash,
                 entity_key,
                 partition,
                 start_url,
                 canonical_payload,
-                payload_hash,
             )
         )
         if len(self._batch) >= self.batch_size:
@@ -404,16 +400,14 @@ class ObservationStager:
             assert raw is not None
             with (
                 raw.cursor() as cursor,
-                cursor.copy(
-                    "COPY obs_staging (ord, observation_key, entity_key, partition, start_url, "
-                    "payload, payload_hash) FROM STDIN"
-                ) as copy,
+                cursor.copy(f"COPY obs_staging ({_STAGED_COLUMNS}) FROM STDIN") as copy,
             ):
                 for row in self._batch:
                     copy.write_row(row)
         else:
             self.conn.exec_driver_sql(
-                "INSERT INTO obs_staging VALUES (?, ?, ?, ?, ?, ?, ?)", self._batch
+                f"INSERT INTO obs_staging ({_STAGED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant SQL
+                self._batch,
             )
         self._batch.clear()
 
@@ -450,48 +444,56 @@ class ObservationStager:
                 )
             )
         # One join finds what is new or changed; only those rows are written (or even locked).
-        conn.exec_driver_sql(
-            "CREATE TEMP TABLE obs_changes AS SELECT l.*, o.observation_key IS NULL AS is_new "
-            "FROM obs_staging l LEFT JOIN observations o ON o.observation_key = l.observation_key "
-            "WHERE o.observation_key IS NULL OR o.payload_hash <> l.payload_hash"
+        # The conflict clause keeps a payload that another sync made the same from a rewrite.
+        payload = "CAST(c.payload AS jsonb)" if self.postgres else "c.payload"
+        upsert = (
+            "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "  # noqa: S608 - constant SQL
+            "collection_window, partition, start_url, payload, payload_hash, "
+            "source_job_id, source_attempt_id, validation_state, first_seen_at, "
+            "last_changed_at) "
+            "SELECT c.observation_key, :dataset, c.entity_key, :run_id, :window, "
+            f"c.partition, c.start_url, {payload}, c.payload_hash, :job_id, :attempt_id, "
+            "'pending', :now, :now FROM obs_staging c "
+            "LEFT JOIN observations o ON o.observation_key = c.observation_key "
+            "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash "
+            "ON CONFLICT (observation_key) DO UPDATE SET "
+            "payload = excluded.payload, payload_hash = excluded.payload_hash, "
+            "partition = excluded.partition, start_url = excluded.start_url, "
+            "entity_key = excluded.entity_key, source_job_id = excluded.source_job_id, "
+            "source_attempt_id = excluded.source_attempt_id, "
+            "validation_state = 'pending', last_changed_at = excluded.last_changed_at "
+            "WHERE observations.payload_hash <> excluded.payload_hash"
         )
-        diff = conn.execute(
-            text(
-                "SELECT count(*) AS written, count(*) FILTER (WHERE is_new) AS new FROM obs_changes"
-            )
-        ).one()
-        inserted = int(diff.new)
-        updated = int(diff.written) - inserted
-        if inserted or updated:
-            payload = "CAST(c.payload AS jsonb)" if self.postgres else "c.payload"
-            conn.execute(
+        params = {
+            "dataset": dataset,
+            "run_id": run_id,
+            "window": window,
+            "job_id": job_id,
+            "attempt_id": attempt_id,
+            "now": now,
+        }
+        if self.postgres:  # the rows the upsert wrote say whether they were new
+            written = conn.execute(
                 text(
-                    "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "  # noqa: S608 - constant SQL
-                    "collection_window, partition, start_url, payload, payload_hash, "
-                    "source_job_id, source_attempt_id, validation_state, first_seen_at, "
-                    "last_changed_at) "
-                    "SELECT c.observation_key, :dataset, c.entity_key, :run_id, :window, "
-                    f"c.partition, c.start_url, {payload}, c.payload_hash, :job_id, :attempt_id, "
-                    "'pending', :now, :now FROM obs_changes c WHERE true "
-                    "ORDER BY c.observation_key "  # index pages in key order, not at random
-                    "ON CONFLICT (observation_key) DO UPDATE SET "
-                    "payload = excluded.payload, payload_hash = excluded.payload_hash, "
-                    "partition = excluded.partition, start_url = excluded.start_url, "
-                    "entity_key = excluded.entity_key, source_job_id = excluded.source_job_id, "
-                    "source_attempt_id = excluded.source_attempt_id, "
-                    "validation_state = 'pending', last_changed_at = excluded.last_changed_at "
-                    "WHERE observations.payload_hash <> excluded.payload_hash"
+                    f"WITH w AS ({upsert} RETURNING xmax = 0 AS is_new) "  # noqa: S608 - constant SQL
+                    "SELECT count(*) AS written, count(*) FILTER (WHERE is_new) AS new FROM w"
                 ).bindparams(bindparam("now", type_=UTCDateTime())),
-                {
-                    "dataset": dataset,
-                    "run_id": run_id,
-                    "window": window,
-                    "job_id": job_id,
-                    "attempt_id": attempt_id,
-                    "now": now,
-                },
-            )
-        conn.exec_driver_sql("DROP TABLE obs_changes")
+                params,
+            ).one()
+        else:  # one writer at a time: what the join finds is what the upsert writes
+            written = conn.execute(
+                text(
+                    "SELECT count(*) AS written, "
+                    "count(*) FILTER (WHERE o.observation_key IS NULL) AS new "
+                    "FROM obs_staging c LEFT JOIN observations o "
+                    "ON o.observation_key = c.observation_key "
+                    "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash"
+                )
+            ).one()
+            if written.written:
+                conn.execute(text(upsert).bindparams(bindparam("now", type_=UTCDateTime())), params)
+        inserted = int(written.new)
+        updated = int(written.written) - inserted
         if self.postgres:
             conn.exec_driver_sql("DROP TABLE obs_staging")
         else:

@@ -29,8 +29,7 @@ from sync.client import (
     CloudValidationError,
     ScrapingJob,
 )
-from sync.identity import canonical_json, entity_key, observation_key, partition_of, payload_hash
-from sync.identity import payload_of as business_fields
+from sync.identity import RecordIdentity
 from sync.models import Launch, Run, SyncTask
 from sync.store import Lease, StaleLeaseError, UpsertCounts
 
@@ -205,26 +204,18 @@ def _import(
         postgres = services.uow.dialect == "postgresql"
         stager = store.ObservationStager(session)
         last_beat = services.clock()
+        identify = RecordIdentity(dataset, target.window)
+        frozen = target.frozen_partitions
         for record in cloud.iter_records(job.id):
             read += 1
-            key = entity_key(record, dataset)
-            if key is None:
+            staged = identify(record)
+            if staged is None:
                 missing += 1
                 continue
-            partition = partition_of(record, dataset)
-            if partition in target.frozen_partitions:
+            if frozen and staged[2] in frozen:
                 protected += 1  # a recovery batch never rewrites a partition that passed
                 continue
-            canonical = canonical_json(business_fields(record))
-            start_url = record.get("web-scraper-start-url")
-            stager.add(
-                observation_key(dataset.name, target.window, key),
-                key,
-                partition,
-                start_url if isinstance(start_url, str) else None,
-                canonical,
-                payload_hash(canonical),
-            )
+            stager.add(*staged)
             if read == stager.batch_size:
                 services.killpoints.reached("mid-download")
             if postgres and read % 1000 == 0 and services.clock() - last_beat >= heartbeat_every:
