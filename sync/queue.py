@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from redis import Redis
 from rq import Queue
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
@@ -62,6 +62,20 @@ class RQDispatcher:
 
     def enqueue_call(self, func: str, *args: Any, job_id: str, at: datetime | None = None) -> bool:
         """Queue ``func(*args)`` under ``job_id`` unless that job already waits."""
+        if at is None:
+            # The usual case, a job id never used: one atomic check-and-enqueue round trip.
+            try:
+                self.queue.enqueue_call(
+                    func,
+                    args,
+                    job_id=job_id,
+                    result_ttl=3600,
+                    failure_ttl=86400,
+                    unique=True,
+                )
+                return True
+            except DuplicateJobError:
+                pass  # the id exists: whether that job still waits decides below
         if self._already_waiting(job_id, now=at is None):
             return False
         if at is not None:
