@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import orjson
 from sqlalchemy import (
     Connection,
     and_,
@@ -148,6 +149,91 @@ def want_sync(session: Session, job_id: int, *, now: datetime) -> Wish:
     ).returning(t.state, t.requested_generation, t.attempt_count, t.next_attempt_at)
     row = session.execute(stmt).one()
     return Wish(key, job_id, row.state, row.requested_generation, row.attempt_count, row[3])
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """A stored notification and the wish it made: whether it created the task, or found a
+    sync already pending and coalesced into it without writing the task row."""
+
+    wish: Wish
+    created: bool
+    coalesced: bool
+
+
+_REVIVABLE_SQL = ", ".join(f"'{state}'" for state in REVIVABLE)
+_ACCEPT = (
+    text(
+        "WITH cur AS (SELECT state, requested_generation, attempt_count, next_attempt_at "  # noqa: S608 - constants only
+        "FROM sync_tasks WHERE task_key = :key AND state = 'pending'), "
+        "up AS (INSERT INTO sync_tasks (task_key, job_id, state, requested_generation, "
+        "claimed_generation, synced_generation, attempt_count, failure_count, lease_token, "
+        "next_attempt_at, created_at, updated_at) "
+        "SELECT :key, :job_id, 'pending', 1, 0, 0, 0, 0, 0, :now, :now, :now "
+        "WHERE NOT EXISTS (SELECT 1 FROM cur) "
+        "ON CONFLICT (task_key) DO UPDATE SET "
+        "requested_generation = CASE WHEN sync_tasks.state = 'leased' "
+        "THEN sync_tasks.claimed_generation + 1 "
+        "WHEN sync_tasks.state IN ('pending', 'retry_wait') "
+        "THEN sync_tasks.requested_generation "
+        "ELSE sync_tasks.synced_generation + 1 END, "
+        f"state = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
+        "OR (sync_tasks.state = 'retry_wait' "
+        "AND sync_tasks.last_error_class = 'JobNotFinishedError') "
+        "THEN 'pending' ELSE sync_tasks.state END, "
+        f"failure_count = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
+        "THEN 0 ELSE sync_tasks.failure_count END, "
+        f"next_attempt_at = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
+        "OR (sync_tasks.state = 'retry_wait' "
+        "AND sync_tasks.last_error_class = 'JobNotFinishedError') "
+        "THEN excluded.next_attempt_at ELSE sync_tasks.next_attempt_at END, "
+        "updated_at = excluded.updated_at "
+        "RETURNING state, requested_generation, attempt_count, next_attempt_at, "
+        "xmax = 0 AS created), "
+        "wish AS (SELECT state, requested_generation, attempt_count, next_attempt_at, created, "
+        "false AS coalesced FROM up UNION ALL SELECT state, requested_generation, "
+        "attempt_count, next_attempt_at, false, true FROM cur), "
+        "note AS (INSERT INTO notifications (received_at, remote_addr, form, job_id, status, "
+        "task_key, outcome) SELECT :now, :addr, CAST(:form AS jsonb), :job_id, :status, :key, "
+        "'task ' || state || ' (generation ' || requested_generation || ')' FROM wish "
+        "RETURNING id) "
+        "SELECT state, requested_generation, attempt_count, next_attempt_at, created, "
+        "coalesced FROM wish"
+    )
+    .bindparams(bindparam("now", type_=UTCDateTime()))
+    .columns(next_attempt_at=UTCDateTime())
+)
+
+
+def accept_notification(
+    conn: Connection,
+    *,
+    form: dict[str, Any],
+    remote_addr: str | None,
+    job_id: int,
+    status: str | None,
+    now: datetime,
+) -> Acceptance:
+    """Store a notification and want its job's sync in ONE statement (PostgreSQL), which on an
+    autocommit connection is one round trip and one transaction: what :func:`want_sync` and
+    :func:`record_notification` do together. A repeat that finds the sync already pending
+    coalesces into it without writing (or locking) the task row."""
+    key = task_key_for(job_id)
+    row = conn.execute(
+        _ACCEPT,
+        {
+            "key": key,
+            "job_id": job_id,
+            "now": now,
+            "addr": remote_addr,
+            "form": orjson.dumps(form).decode(),
+            "status": status,
+        },
+    ).one()
+    wish = Wish(
+        key, job_id, row.state, row.requested_generation, row.attempt_count, row.next_attempt_at
+    )
+    return Acceptance(wish, created=bool(row.created), coalesced=bool(row.coalesced))
 
 
 def claim(

@@ -1,10 +1,11 @@
 """Cloud's finished-job notifications: stored and acknowledged at once, synced later.
 
 Cloud does not sign notifications, so the token in the path is the credential (compared in
-constant time). In ONE transaction the raw notification goes to the inbox and the job's sync
-task is set wanted; after the commit the RQ job is queued; then the answer is 200. If Redis is
-down the answer is still 200 (the sweeper queues the durable task); if the database is down it
-is 503, so Cloud tries again.
+constant time). In ONE transaction (on PostgreSQL one statement, one round trip) the raw
+notification goes to the inbox and the job's sync task is set wanted (a repeat that finds the
+sync already pending coalesces into it without touching the task row); after the commit the
+RQ job is queued; then the answer is 200. If Redis is down the answer is still 200 (the
+sweeper queues the durable task); if the database is down it is 503, so Cloud tries again.
 
 Cloud repeats a 5xx, so bad input never gets one: a body that is not a notification Cloud could
 have sent (a job id that is not ASCII digits, a NUL, a lone surrogate, a field longer than the
@@ -183,25 +184,43 @@ def notification(token: str) -> Any:
         return _rejected(parsed, now)
     kept = parsed.fields
     job_id = int(kept["scrapingjob_id"].strip())
+    coalesced = created = False
     try:
-        with services.uow.begin() as session:
-            wish = store.want_sync(session, job_id, now=now)
-            store.record_notification(
-                session,
-                form=kept,
-                remote_addr=request.remote_addr,
-                job_id=job_id,
-                status=kept.get("status"),
-                outcome=f"task {wish.state} (generation {wish.requested_generation})",
-                now=now,
-            )
-            session.commit()
+        if services.uow.dialect == "postgresql":
+            # One statement on an autocommit connection: one round trip, one transaction.
+            with services.uow.engine.connect().execution_options(
+                isolation_level="AUTOCOMMIT"
+            ) as conn:
+                accepted = store.accept_notification(
+                    conn,
+                    form=kept,
+                    remote_addr=request.remote_addr,
+                    job_id=job_id,
+                    status=kept.get("status"),
+                    now=now,
+                )
+            wish, created, coalesced = accepted.wish, accepted.created, accepted.coalesced
+        else:
+            with services.uow.begin() as session:
+                wish = store.want_sync(session, job_id, now=now)
+                store.record_notification(
+                    session,
+                    form=kept,
+                    remote_addr=request.remote_addr,
+                    job_id=job_id,
+                    status=kept.get("status"),
+                    outcome=f"task {wish.state} (generation {wish.requested_generation})",
+                    now=now,
+                )
+                session.commit()
         services.killpoints.reached("intake-after-commit")
     except SQLAlchemyError:
         log.error("notification.database_unavailable", extra={"job_id": job_id}, exc_info=True)
         return jsonify(error="Service Unavailable", detail="database unavailable"), 503
     queued = False
-    if wish.state in store.CLAIMABLE:
+    # A repeat that coalesced into a pending sync changed nothing: whoever made the task pending
+    # queued it (or the sweeper will), so Redis is not asked again.
+    if wish.state in store.CLAIMABLE and not coalesced:
         try:
             queued = services.dispatcher.enqueue_sync(
                 wish.task_key,
@@ -220,6 +239,8 @@ def notification(token: str) -> Any:
             "state": wish.state,
             "generation": wish.requested_generation,
             "queued": queued,
+            "new_task": created,
+            "coalesced": coalesced,
         },
     )
     return jsonify(ok=True, task_key=wish.task_key, state=wish.state), 200

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 from flask import Flask
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from simulator import CloudState
 from sync.bootstrap import Services
@@ -54,6 +54,34 @@ def test_repeated_notifications_coalesce_into_one_pending_sync(
     assert services.dispatcher.queue.count == 1
     with services.uow.begin() as session:
         assert count_rows(session, Notification) == 5
+
+
+@pytest.mark.postgres
+def test_a_repeat_of_a_pending_sync_is_stored_without_rewriting_its_task(
+    web: Flask, services: Services
+) -> None:
+    """Repeats that find the sync already pending are each kept in the inbox, and leave the task
+    row as it was: no new row version, so repeats of one job never wait on each other's lock."""
+    assert notify(web, 1001).status_code == 200
+
+    def version() -> tuple[str, object]:
+        with services.uow.begin() as session:
+            row = session.execute(
+                text("SELECT xmin::text, updated_at FROM sync_tasks WHERE task_key = 'job-1001'")
+            ).one()
+            return row[0], row[1]
+
+    before = version()
+    for _ in range(3):
+        response = notify(web, 1001)
+        assert response.status_code == 200
+        assert response.json == {"ok": True, "task_key": "job-1001", "state": "pending"}
+    assert version() == before
+    with services.uow.begin() as session:
+        outcomes = session.execute(select(Notification.outcome)).scalars().all()
+    assert outcomes == ["task pending (generation 1)"] * 4
+    assert isinstance(services.dispatcher, RQDispatcher)
+    assert services.dispatcher.queue.job_ids == [sync_job_id("job-1001", 1, 0)]
 
 
 def test_json_and_multipart_bodies_are_accepted(web: Flask, services: Services) -> None:
@@ -198,6 +226,7 @@ def test_an_unexpected_error_answers_500_and_never_logs_the_token(
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(store, "want_sync", broken)
+    monkeypatch.setattr(store, "accept_notification", broken)
     with caplog.at_level("ERROR"):
         response = notify(web, 1001)
     assert response.status_code == 500
