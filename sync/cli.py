@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from redis.exceptions import RedisError
@@ -15,6 +15,9 @@ from config.settings import ConfigError, Settings
 from sync import db, logs, secrecy
 from sync.bootstrap import Services
 from sync.client import CloudClient, CloudError
+
+if TYPE_CHECKING:
+    from sync.runs import Rejudgement
 
 
 class CommandError(click.ClickException):
@@ -375,6 +378,77 @@ def doctor_command(as_json: bool) -> None:
     echo(report.to_json() if as_json else report.text())
     if not report.ok:
         sys.exit(1)
+
+
+@main.command("check")
+@click.argument("run_id")
+@click.option(
+    "--datasets",
+    "datasets_path",
+    type=click.Path(dir_okay=False),
+    help="Judge under this datasets file instead of the deployment's (SCRAPESYNC_DATASETS).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict and every check as JSON.")
+def check_command(run_id: str, datasets_path: str | None, as_json: bool) -> None:
+    """Judge RUN_ID again and print every rule's verdict; changes nothing (exit 0: accepted)."""
+    from pathlib import Path
+
+    from config.datasets import load_datasets
+    from sync import runs
+
+    services = _services()
+    try:
+        datasets = load_datasets(Path(datasets_path)) if datasets_path else services.datasets
+        result = runs.rejudge(services, run_id, datasets)
+    except DatasetsFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    if result is None:
+        raise click.ClickException(f"no run {run_id!r} in the database")
+    if as_json:
+        _echo_json({"datasets_file": datasets_path, **result.as_dict()})
+    else:
+        source = datasets_path or str(services.settings.datasets_path)
+        click.echo(_check_report(result, source))
+    if result.state != "accepted":
+        sys.exit(1)
+
+
+def _check_report(result: Rejudgement, source: str) -> str:
+    """A re-judgement as the lines ``scrapesync check`` prints."""
+    verb = {"accepted": "would be accepted", "rejected": "would be rejected"}.get(
+        result.state, f"would stay {result.state}"
+    )
+    lines = [f"run {result.run_id} (now {result.current_state}) under {source}: {verb}"]
+    if result.baseline_runs:
+        lines.append(
+            f"baseline: the median of {len(result.baseline_runs)} accepted run(s): "
+            + ", ".join(result.baseline_runs)
+        )
+    else:
+        lines.append(
+            f"baseline: none ({result.history_runs} accepted run(s) before this one; the history "
+            f"rules wait for {result.min_history})"
+        )
+    rows = [("RULE", "SUBJECT", "VERDICT", "GOT", "BASELINE", "ALLOWED")]
+    for check in result.checks:
+        rows.append(
+            (
+                check["rule"],
+                check["subject"] or "-",
+                check["verdict"],
+                "-" if check["got"] is None else str(check["got"]),
+                "-" if check["baseline"] is None else str(check["baseline"]),
+                check["allowed"],
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    ]
+    if result.reasons:
+        lines.append("reasons:")
+        lines += [f"  - {r['code']}: {r['message']}" for r in result.reasons]
+    return "\n".join(lines)
 
 
 @main.command("simulator")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from flask import Flask
 from rq.registry import FailedJobRegistry
 
 from config.datasets import parse_datasets
@@ -22,7 +23,7 @@ from sync import export, runs, store, tasks
 from sync.bootstrap import Services
 from sync.queue import RecordingDispatcher, RQDispatcher
 from sync.runs import RunVerdict
-from tests.harness import drain, products_sitemap
+from tests.harness import drain, notify, products_sitemap
 
 SECRET_ENV = "PRODUCTS_HOOK_SECRET"
 SECRET = "whsec_" + base64.b64encode(b"the receiver's shared signing key!").decode()
@@ -211,3 +212,37 @@ def accept_quietly(services: Services, cloud: CloudState, n: int = 40) -> tuple[
     evaluation = runs.evaluate_run(offline, run_id_of(job_id))
     assert evaluation.outcome == "published"
     return run_id_of(job_id), list(evaluation.events)
+
+
+# Only the entity key is required and Cloud's own column check is off, so what catches an
+# emptied or vanished field here is the history, not a fixed rule.
+HISTORY_TOML = DATASETS_TOML.replace('required = ["sku", "price"]', 'required = ["sku"]').replace(
+    'parsers = { price = "number" }', 'parsers = { price = "number" }\nuse_cloud_quality = false'
+)
+PER_RETAILER = 100
+
+
+def history_datasets(*, policy: str = "reject", quality: str = "") -> str:
+    """The history test dataset, with another policy and extra quality lines."""
+    text = HISTORY_TOML.replace('policy = "reject"', f'policy = "{policy}"')
+    return text.replace("use_cloud_quality = false", f"use_cloud_quality = false\n{quality}")
+
+
+def collect(
+    web: Flask, services: Services, cloud: CloudState, records: list[dict[str, str]]
+) -> str:
+    """A finished Cloud job with these records, notified, synced and evaluated; its run id."""
+    job_id = finished_job(cloud, records)
+    notify(web, job_id)
+    settle(services)
+    return run_id_of(job_id)
+
+
+def three_accepted_runs(web: Flask, services: Services, cloud: CloudState) -> list[str]:
+    """The dataset's history: three accepted runs of 100 records per retailer."""
+    accepted = []
+    for i in range(3):
+        run_id = collect(web, services, cloud, product_records(400, start=400 * i))
+        assert verdict(services, run_id).state == "published"
+        accepted.append(run_id)
+    return accepted

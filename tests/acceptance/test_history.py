@@ -13,53 +13,19 @@ from simulator import CloudState
 from sync.bootstrap import Services
 from sync.models import RunProfile
 from tests.acceptance.flow import (
-    DATASETS_TOML,
+    PER_RETAILER,
     RETAILERS,
+    collect,
     exported,
-    finished_job,
+    history_datasets,
     product_records,
     published,
-    run_id_of,
-    settle,
+    three_accepted_runs,
     use_datasets,
     verdict,
 )
-from tests.harness import notify
 
 pytestmark = pytest.mark.redis
-
-# Only the entity key is required and Cloud's own column check is off, so what catches an
-# emptied or vanished field here is the history, not a fixed rule.
-HISTORY_TOML = DATASETS_TOML.replace('required = ["sku", "price"]', 'required = ["sku"]').replace(
-    'parsers = { price = "number" }', 'parsers = { price = "number" }\nuse_cloud_quality = false'
-)
-PER_RETAILER = 100
-
-
-def history_datasets(*, policy: str = "reject", quality: str = "") -> str:
-    """The history test dataset, with another policy and extra quality lines."""
-    text = HISTORY_TOML.replace('policy = "reject"', f'policy = "{policy}"')
-    return text.replace("use_cloud_quality = false", f"use_cloud_quality = false\n{quality}")
-
-
-def collect(
-    web: Flask, services: Services, cloud: CloudState, records: list[dict[str, str]]
-) -> str:
-    """A finished Cloud job with these records, notified, synced and evaluated; its run id."""
-    job_id = finished_job(cloud, records)
-    notify(web, job_id)
-    settle(services)
-    return run_id_of(job_id)
-
-
-def three_accepted_runs(web: Flask, services: Services, cloud: CloudState) -> list[str]:
-    """The dataset's history: three accepted runs of 100 records per retailer."""
-    accepted = []
-    for i in range(3):
-        run_id = collect(web, services, cloud, product_records(400, start=400 * i))
-        assert verdict(services, run_id).state == "published"
-        accepted.append(run_id)
-    return accepted
 
 
 @pytest.fixture(autouse=True)
