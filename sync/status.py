@@ -53,6 +53,48 @@ def reason_text(reason: Any) -> str:
     return json.dumps(reason, sort_keys=True, default=str)
 
 
+def _figure(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def reason_figures(reason: Any) -> str | None:
+    """A stored reason's numbers in one line: what the run got, the baseline it was held
+    against (history rules), and what was allowed; None for a reason without numbers."""
+    if not isinstance(reason, dict):
+        return None
+    got, baseline, expected = reason.get("got"), reason.get("baseline"), reason.get("expected")
+    if got is None and baseline is None and expected is None:
+        return None
+    parts = [] if got is None else [f"got {_figure(got)}"]
+    if baseline is not None:
+        parts.append(f"baseline {_figure(baseline)}")
+    if expected is not None:
+        numbers = all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in (got, expected)
+        )
+        # A failed reason's figure lies beyond its bound, which says which way the bound faces.
+        bound = ("<= " if got > expected else ">= ") if numbers else ""
+        parts.append(f"allowed {bound}{_figure(expected)}")
+    return ", ".join(parts)
+
+
+def reason_detail(reason: Any) -> dict[str, Any]:
+    """One stored reason for display: its sentence, its code and partition, and its figures
+    (got, baseline, allowed) apart and as one line."""
+    shaped = reason if isinstance(reason, dict) else {}
+    return {
+        "text": reason_text(reason),
+        "code": shaped.get("code"),
+        "partition": shaped.get("partition"),
+        "got": shaped.get("got"),
+        "baseline": shaped.get("baseline"),
+        "allowed": shaped.get("expected"),
+        "figures": reason_figures(reason),
+    }
+
+
 def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
     runs = list(
         session.execute(select(Run).order_by(Run.created_at.desc(), Run.run_id).limit(limit))
@@ -99,6 +141,7 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
                 "state": verdict.state,
                 "records": verdict.records,
                 "reasons": [reason_text(r) for r in verdict.reasons or []],
+                "reason_details": [reason_detail(r) for r in verdict.reasons or []],
             }
         )
     launches: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -141,6 +184,7 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
                 "revision": run.revision,
                 "published": run.run_id in current,
                 "reasons": [reason_text(r) for r in run.reasons or []],
+                "reason_details": [reason_detail(r) for r in run.reasons or []],
                 "created_at": _iso(run.created_at),
                 "evaluated_at": _iso(run.evaluated_at),
                 "accepted_at": _iso(run.accepted_at),
@@ -307,11 +351,16 @@ def format_table(values: dict[str, Any]) -> str:
     ]
     if not values["runs"]:
         lines.append("(no runs yet)")
+
+    def shown(detail: dict[str, Any]) -> str:
+        figures = detail.get("figures")
+        return f"{detail['text']} [{figures}]" if figures else str(detail["text"])
+
     for run in values["runs"]:
-        notes = list(run["reasons"])
+        notes = [shown(d) for d in run["reason_details"]]
         notes += [
             f"partition {p['partition']}: {p['state']}"
-            + (f" ({'; '.join(p['reasons'])})" if p["reasons"] else "")
+            + (f" ({'; '.join(shown(d) for d in p['reason_details'])})" if p["reasons"] else "")
             for p in run["partitions"]
             if p["state"] not in ("passed", "accepted") or p["reasons"]
         ]

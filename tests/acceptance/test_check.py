@@ -4,6 +4,7 @@ every rule's verdict printed with got / baseline / allowed, and nothing changed.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from sync.bootstrap import Services
 from sync.cli import main
 from sync.models import Base
 from tests.acceptance.flow import (
+    RETAILERS,
     collect,
     history_datasets,
     product_records,
@@ -25,6 +27,7 @@ from tests.acceptance.flow import (
     use_datasets,
     verdict,
 )
+from webhooks import create_app
 
 pytestmark = pytest.mark.redis
 
@@ -145,3 +148,48 @@ def test_a_run_before_its_history_is_judged_by_the_fixed_rules_and_says_so(
         "baseline: none (0 accepted run(s) before this one; the history rules wait for 3)"
     )
     assert "record_drop" not in result.output
+
+
+STATUS_TOKEN = "status-token-for-history"
+
+
+def test_status_shows_the_baseline_beside_each_figure_of_a_reason(
+    services: Services, rejected: tuple[str, list[str]]
+) -> None:
+    """`scrapesync status`, /api/runs and /status give the rejected run's record_drop with what
+    it got, its baseline and what was allowed."""
+    run_id, _ = rejected
+    table = CliRunner().invoke(main, ["status"])
+    assert table.exit_code == 0, table.output
+    (line,) = [x for x in table.output.splitlines() if x.startswith("  - record_drop:")]
+    assert line.endswith("[got 280, baseline 400, allowed >= 300]")
+    guarded = replace(services, settings=replace(services.settings, status_token=STATUS_TOKEN))
+    client = create_app(guarded).test_client()
+    auth = {"Authorization": f"Bearer {STATUS_TOKEN}"}
+    runs = {r["run_id"]: r for r in client.get("/api/runs", headers=auth).json["runs"]}
+    (detail,) = runs[run_id]["reason_details"]
+    assert (detail["code"], detail["got"], detail["baseline"], detail["allowed"]) == (
+        "record_drop",
+        280,
+        400,
+        300,
+    )
+    html = client.get("/status", headers=auth).get_data(as_text=True)
+    assert '<span class="figures">got 280, baseline 400, allowed &gt;= 300</span>' in html
+
+
+def test_status_shows_a_partitions_baseline_beside_its_figures(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A retailer quarantined for partition_drop: its reason in status carries its baseline."""
+    use_datasets(services, history_datasets(policy="publish_passing"))
+    three_accepted_runs(web, services, cloud)
+    records = product_records(300, start=5000, retailers=RETAILERS[1:])
+    records += product_records(10, start=6000, retailers=RETAILERS[:1])
+    collect(web, services, cloud, records)
+    table = CliRunner().invoke(main, ["status"])
+    (line,) = [
+        x for x in table.output.splitlines() if x.startswith(f"  - partition {RETAILERS[0]}")
+    ]
+    assert "partition_drop: 10 records" in line
+    assert "[got 10, baseline 100, allowed >= 50]" in line
