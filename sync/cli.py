@@ -390,25 +390,23 @@ def doctor_command(as_json: bool) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict and every check as JSON.")
 def check_command(run_id: str, datasets_path: str | None, as_json: bool) -> None:
-    """Judge RUN_ID again and print every rule's verdict; changes nothing (exit 0: accepted)."""
+    """Judge RUN_ID again and print every rule's verdict; changes nothing (exit 0: accepted,
+    1: not accepted or no such run, 2: the datasets file or the database cannot be used)."""
     from pathlib import Path
 
     from config.datasets import load_datasets
     from sync import runs
 
     services = _services()
-    try:
-        datasets = load_datasets(Path(datasets_path)) if datasets_path else services.datasets
-        result = runs.rejudge(services, run_id, datasets)
-    except DatasetsFileError as exc:
-        raise click.ClickException(str(exc)) from None
+    datasets = load_datasets(Path(datasets_path)) if datasets_path else services.datasets
+    result = runs.rejudge(services, run_id, datasets)
     if result is None:
-        raise click.ClickException(f"no run {run_id!r} in the database")
+        raise CommandError(f"no run {run_id!r} in the database")
     if as_json:
         _echo_json({"datasets_file": datasets_path, **result.as_dict()})
     else:
         source = datasets_path or str(services.settings.datasets_path)
-        click.echo(_check_report(result, source))
+        echo(_check_report(result, source))
     if result.state != "accepted":
         sys.exit(1)
 

@@ -132,8 +132,13 @@ def test_check_refuses_an_unknown_run_or_an_unreadable_datasets_file(
     assert unknown.exit_code == 1
     assert "no run 'products-job-404'" in unknown.output
     missing = CliRunner().invoke(main, ["check", "x", "--datasets", str(tmp_path / "no.toml")])
-    assert missing.exit_code == 1
+    assert missing.exit_code == 2
     assert "not found" in missing.output
+    broken = tmp_path / "broken.toml"
+    broken.write_text(history_datasets(quality="max_record_drop = 40"))
+    refused = CliRunner().invoke(main, ["check", "x", "--datasets", str(broken)])
+    assert refused.exit_code == 2
+    assert "unknown keys ['max_record_drop']" in refused.output
 
 
 def test_a_run_before_its_history_is_judged_by_the_fixed_rules_and_says_so(
