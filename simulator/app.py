@@ -29,6 +29,8 @@ PER_PAGE = 100
 NOT_FOUND = "An error occured"  # sic: Cloud misspells it
 GENERIC_ERROR = "An error occurred"
 DRIVERS = ("fast", "fulljs")
+# The top-level keys of a sitemap as the browser extension exports it; Cloud refuses others.
+SITEMAP_ATTRIBUTES = frozenset({"_id", "startUrl", "selectors"})
 CRON_FIELDS = ("cron_minute", "cron_hour", "cron_day", "cron_month", "cron_weekday")
 DOWNLOAD_TYPES = {
     "json": "application/json",
@@ -194,6 +196,8 @@ def _sitemap_errors(body: Any) -> dict[str, list[str]]:
     if not isinstance(body, dict):
         return {"sitemap_object": ["The sitemap object field is required."]}
     errors: dict[str, list[str]] = {}
+    if set(body) - SITEMAP_ATTRIBUTES:
+        errors["sitemap_object"] = ["Sitemap has a suspicious attribute somewhere."]
     if not isinstance(body.get("_id"), str) or not body["_id"]:
         errors["sitemap_object._id"] = ["The sitemap object. id field is required."]
     start = body.get("startUrl")
@@ -328,11 +332,15 @@ def _job_errors(body: Any, state: CloudState) -> dict[str, list[str]]:
         errors["sitemap_id"] = ["The sitemap id must be an integer."]
     elif sitemap_id not in state.sitemaps:
         errors["sitemap_id"] = ["The selected sitemap id is invalid."]
-    if body.get("driver", "fast") not in DRIVERS:
+    if "driver" not in body:
+        errors["driver"] = ["The driver field is required."]
+    elif body["driver"] not in DRIVERS:
         errors["driver"] = ["The selected driver is invalid."]
-    for name in ("request_interval", "page_load_delay"):
-        value = body.get(name, 2000)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    for name in ("page_load_delay", "request_interval"):
+        value = body.get(name)
+        if value is None:
+            errors[name] = [f"The {name.replace('_', ' ')} field is required."]
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
             errors[name] = [f"The {name.replace('_', ' ')} must be an integer."]
     start_urls = body.get("start_urls")
     if start_urls is not None and (
@@ -357,9 +365,9 @@ def create_job() -> Response:
         body["sitemap_id"],
         custom_id=body.get("custom_id"),
         start_urls=body.get("start_urls"),
-        driver=body.get("driver", "fast"),
-        request_interval=body.get("request_interval", 2000),
-        page_load_delay=body.get("page_load_delay", 2000),
+        driver=body["driver"],
+        request_interval=body["request_interval"],
+        page_load_delay=body["page_load_delay"],
         proxy=body.get("proxy", 0),
     )
     fault = state.take_fault(("create_then_slow",), request.method, request.path)

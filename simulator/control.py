@@ -127,9 +127,16 @@ def start_job(job_id: int) -> Response:
 @control.post("/jobs/<int:job_id>/finish")
 def finish_job(job_id: int) -> Response:
     """End a job: {status, jobs_scheduled?, jobs_failed?, jobs_empty?, jobs_no_value?,
-    problematic_urls?}; fires the notification."""
+    problematic_urls?, records_per_page?}; fires the notification."""
     body = _body()
-    allowed = {"jobs_scheduled", "jobs_failed", "jobs_empty", "jobs_no_value", "problematic_urls"}
+    allowed = {
+        "jobs_scheduled",
+        "jobs_failed",
+        "jobs_empty",
+        "jobs_no_value",
+        "problematic_urls",
+        "records_per_page",
+    }
     _state().finish_job(
         job_id,
         status=str(body.get("status", "finished")),

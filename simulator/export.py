@@ -2,7 +2,8 @@
 
 JSON Lines and CSV are generators of byte chunks so a million-record job streams in constant
 memory. Each record gets the two meta columns first: ``web-scraper-order`` (``"<time>-<n>"``)
-and ``web-scraper-start-url``.
+and ``web-scraper-start-url``: the start URL the record was supplied with, else one of the job's
+start URLs, taken in turn (record n of a job with k start URLs came from start URL n mod k).
 """
 
 from __future__ import annotations
@@ -27,17 +28,29 @@ class Export:
 
     records: RecordSet
     order_time: int
-    start_url: str
+    start_urls: tuple[str, ...]
     consent: bool = False
+
+    def start_urls_of_records(self) -> Iterator[str]:
+        """Yield each record's start URL: its own, else the job's start URLs in turn."""
+        urls = self.start_urls or ("",)
+        for n, own in enumerate(self.records.iter_start_urls()):
+            yield own if own is not None else urls[n % len(urls)]
 
     def jsonl(self) -> Iterator[bytes]:
         """Stream JSON Lines: one PHP-style object per line, meta keys first, each line ends \\n."""
-        start = php_json(self.start_url)
         parts: list[str] = []
         size = 0
         prefix_head = f'{{"web-scraper-order":"{self.order_time}-'
-        prefix_tail = f'","web-scraper-start-url":{start}'
-        for n, body in enumerate(self.records.iter_json_bodies(consent=self.consent), start=1):
+        tails = [f'","web-scraper-start-url":{php_json(url)}' for url in self.start_urls or ("",)]
+        bodies = self.records.iter_json_bodies(consent=self.consent)
+        owns = self.records.iter_start_urls()
+        for n, (body, own) in enumerate(zip(bodies, owns, strict=True), start=1):
+            prefix_tail = (
+                tails[(n - 1) % len(tails)]
+                if own is None
+                else f'","web-scraper-start-url":{php_json(own)}'
+            )
             if body == "{}":
                 line = f"{prefix_head}{n}{prefix_tail}}}\n"
             else:
@@ -56,9 +69,10 @@ class Export:
         header = ",".join([*META_COLUMNS, *columns]) + "\r\n"
         parts: list[str] = [(BOM if bom else "") + header]
         size = len(header)
-        start = _quote(self.start_url)
-        for n, record in enumerate(self.records.iter_records(consent=self.consent), start=1):
-            cells = [f'"{self.order_time}-{n}"', start]
+        records = self.records.iter_records(consent=self.consent)
+        starts = self.start_urls_of_records()
+        for n, (record, start) in enumerate(zip(records, starts, strict=True), start=1):
+            cells = [f'"{self.order_time}-{n}"', _quote(start)]
             cells.extend(_quote(_cell(record.get(name))) for name in columns)
             line = ",".join(cells) + "\r\n"
             parts.append(line)
@@ -73,8 +87,10 @@ class Export:
         """Build a one-sheet XLSX workbook with inline strings (built in memory)."""
         columns = self.records.columns(consent=self.consent)
         rows: list[str] = [_xlsx_row([*META_COLUMNS, *columns])]
-        for n, record in enumerate(self.records.iter_records(consent=self.consent), start=1):
-            values = [f"{self.order_time}-{n}", self.start_url]
+        records = self.records.iter_records(consent=self.consent)
+        starts = self.start_urls_of_records()
+        for n, (record, start) in enumerate(zip(records, starts, strict=True), start=1):
+            values = [f"{self.order_time}-{n}", start]
             values.extend(_cell(record.get(name)) for name in columns)
             rows.append(_xlsx_row(values))
         sheet = (

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, overload
 
 DEFAULT_PARTITIONS: tuple[str, ...] = ("alpha.example", "beta.example", "gamma.example")
@@ -128,11 +129,13 @@ def generate_records(
 
 @dataclass(frozen=True)
 class ExplicitRecords:
-    """Records supplied by a test, each kept as PHP-style JSON bytes of its business fields."""
+    """Records supplied by a test, each kept as PHP-style JSON bytes of its business fields,
+    with the ``web-scraper-start-url`` a record was given, if any (empty when none was)."""
 
     lines: tuple[bytes, ...]
     columns: tuple[str, ...]
     filled: Mapping[str, int]
+    start_urls: tuple[str | None, ...] = ()
 
     @classmethod
     def encode(cls, records: Iterable[Mapping[str, Any]]) -> ExplicitRecords:
@@ -140,16 +143,20 @@ class ExplicitRecords:
         lines: list[bytes] = []
         columns: dict[str, None] = {}
         filled: dict[str, int] = {}
+        starts: list[str | None] = []
         for record in records:
             if not isinstance(record, Mapping):
                 raise TypeError(f"a record must be a mapping of fields, got {type(record)}")
             business = {str(k): v for k, v in record.items() if k not in META_COLUMNS}
             lines.append(php_json(business).encode("ascii"))
+            supplied = record.get("web-scraper-start-url")
+            starts.append(supplied if isinstance(supplied, str) else None)
             for key, value in business.items():
                 columns.setdefault(key)
                 if is_filled(value):
                     filled[key] = filled.get(key, 0) + 1
-        return cls(tuple(lines), tuple(columns), filled)
+        kept = tuple(starts) if any(url is not None for url in starts) else ()
+        return cls(tuple(lines), tuple(columns), filled, kept)
 
     def __len__(self) -> int:
         """Return the number of records in the batch."""
@@ -235,6 +242,14 @@ class RecordSet:
                 source = (json.loads(line) for line in batch.lines)
             for record in source:
                 yield consent_shell(record) if consent else record
+
+    def iter_start_urls(self) -> Iterator[str | None]:
+        """Yield, per record, the start URL it was supplied with, or None (Cloud picks one)."""
+        for batch in self.batches:
+            if isinstance(batch, ExplicitRecords) and batch.start_urls:
+                yield from batch.start_urls
+            else:
+                yield from repeat(None, len(batch))
 
     def iter_json_bodies(self, *, consent: bool = False) -> Iterator[str]:
         """Yield each record's business fields as PHP-style JSON text (no meta keys)."""

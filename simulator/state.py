@@ -24,13 +24,27 @@ from simulator.export import Export
 from simulator.fault import Fault, FaultPlan
 from simulator.notifier import Notifier
 from simulator.quality import QualityInput, QualityThresholds, evaluate
-from simulator.records import DEFAULT_PARTITIONS, RecordSet, generate_records
+from simulator.records import (
+    DEFAULT_PARTITIONS,
+    GENERATED_COLUMNS,
+    RecordSet,
+    generate_records,
+)
 from simulator.throttle import Throttle
 
 TERMINAL_STATUSES = ("finished", "failed", "stopped")
 PROBLEM_TYPES = ("failed", "empty", "no_value")
 PAGE_FAULTS = ("consent",)
 RETRY_AFTER_FORMATS = ("seconds", "http-date")
+DERIVED_COLUMNS = {"SelectorLink": "-href", "SelectorPopupLink": "-href", "SelectorImage": "-src"}
+
+
+def product_selectors() -> list[dict[str, Any]]:
+    """Return text selectors for the columns of generated product records."""
+    return [
+        {"id": name, "type": "SelectorText", "parentSelectors": ["_root"], "selector": f".{name}"}
+        for name in GENERATED_COLUMNS
+    ]
 
 
 @dataclass
@@ -53,6 +67,19 @@ class Sitemap:
     def encoded(self) -> str:
         """Return the definition as Cloud echoes it: compact JSON, slashes unescaped."""
         return json.dumps(self.definition, separators=(",", ":"))
+
+    @property
+    def columns(self) -> list[str]:
+        """Return the record columns the selectors produce: each selector's id, and the
+        ``<id>-href`` of a link or ``<id>-src`` of an image selector."""
+        columns: list[str] = []
+        for selector in self.definition.get("selectors") or []:
+            if isinstance(selector, Mapping) and isinstance(selector.get("id"), str):
+                columns.append(selector["id"])
+                suffix = DERIVED_COLUMNS.get(str(selector.get("type")))
+                if suffix:
+                    columns.append(selector["id"] + suffix)
+        return columns
 
 
 @dataclass
@@ -82,6 +109,7 @@ class Job:
     started_at: float | None = None
     finished_once: bool = False
     page_fault: str | None = None
+    records_per_page: int = 1
     records: RecordSet = field(default_factory=RecordSet)
     problematic_urls: list[dict[str, str]] = field(default_factory=list)
 
@@ -223,9 +251,11 @@ class CloudState:
         start_urls: Sequence[str] | str = ("https://shop.example/",),
         selectors: list[dict[str, Any]] | None = None,
     ) -> int:
-        """Create a sitemap with this name and these start URLs; return its id."""
+        """Create a sitemap with this name and these start URLs; return its id. Without
+        ``selectors`` it has one text selector per column of the generated product records."""
         urls = [start_urls] if isinstance(start_urls, str) else list(start_urls)
-        return self.create_sitemap({"_id": name, "startUrl": urls, "selectors": selectors or []})
+        chosen = product_selectors() if selectors is None else selectors
+        return self.create_sitemap({"_id": name, "startUrl": urls, "selectors": chosen})
 
     def create_sitemap(self, definition: Mapping[str, Any]) -> int:
         """Store a sitemap definition as posted to ``POST sitemap``; return its id."""
@@ -331,12 +361,16 @@ class CloudState:
     def set_records(self, job_id: int, records: Iterable[Mapping[str, Any]]) -> None:
         """Replace a job's records (business fields; meta columns are added on download)."""
         with self.lock:
-            self.job(job_id).records.replace(records)
+            job = self.job(job_id)
+            job.records.replace(records)
+            _scraped_so_far(job)
 
     def add_records(self, job_id: int, records: Iterable[Mapping[str, Any]]) -> None:
         """Append records to a job (a ``generate_records(...)`` run stays lazy)."""
         with self.lock:
-            self.job(job_id).records.append(records)
+            job = self.job(job_id)
+            job.records.append(records)
+            _scraped_so_far(job)
 
     def set_generated(
         self,
@@ -369,6 +403,7 @@ class CloudState:
             job.status = "scheduled"
             job.status = "started"
             job.started_at = self.clock()
+            _scraped_so_far(job)
 
     def finish_job(
         self,
@@ -379,15 +414,20 @@ class CloudState:
         jobs_empty: int | None = None,
         jobs_no_value: int | None = None,
         problematic_urls: Iterable[Mapping[str, str] | tuple[str, str]] | None = None,
+        records_per_page: int | None = None,
     ) -> None:
         """End a job in a terminal status, fill its counters and fire its notification.
 
         Problem counters default to the counts in ``problematic_urls``; without a list, one URL
-        per counted page is made up. ``jobs_scheduled`` defaults to the record count (at least
-        the number of problem pages); ``jobs_executed`` equals it.
+        per counted page is made up. Cloud counts pages, not records: ``jobs_scheduled`` defaults
+        to the pages that yielded the records (``records_per_page`` each, default the job's, 1
+        unless set) plus the failed, empty and no-value pages, which yield none;
+        ``jobs_executed`` equals it.
         """
         if status not in TERMINAL_STATUSES:
             raise ValueError(f"terminal status must be one of {TERMINAL_STATUSES}, got {status!r}")
+        if records_per_page is not None:
+            _positive(records_per_page, "records_per_page")
         with self.lock:
             job = self.job(job_id)
             if job.started_at is None or job.status not in ("scheduled", "started"):
@@ -402,10 +442,14 @@ class CloudState:
             if urls is None:
                 urls = _made_up_problems(job)
             job.problematic_urls = urls
+            if records_per_page is not None:
+                job.records_per_page = records_per_page
             record_count = len(job.records)
             problems = job.jobs_failed + job.jobs_empty + job.jobs_no_value
             job.jobs_scheduled = (
-                max(record_count, problems) if jobs_scheduled is None else jobs_scheduled
+                _pages(record_count, job.records_per_page) + problems
+                if jobs_scheduled is None
+                else jobs_scheduled
             )
             job.jobs_executed = job.jobs_scheduled
             job.stored_record_count = record_count
@@ -463,7 +507,7 @@ class CloudState:
             return Export(
                 records=job.records.snapshot(),
                 order_time=job.time_created,
-                start_url=job.start_urls[0] if job.start_urls else "",
+                start_urls=tuple(job.start_urls),
                 consent=job.page_fault == "consent",
             )
 
@@ -481,7 +525,10 @@ class CloudState:
                 jobs_failed=job.jobs_failed,
                 jobs_empty=job.jobs_empty,
                 jobs_no_value=job.jobs_no_value,
-                filled=job.records.filled_counts(consent=job.page_fault == "consent"),
+                filled=_column_fill(
+                    sitemap.columns if sitemap else [],
+                    job.records.filled_counts(consent=job.page_fault == "consent"),
+                ),
             )
             return evaluate(facts, thresholds)
 
@@ -518,6 +565,32 @@ class CloudState:
                 "faults": [f.describe() for f in self.faults.faults],
                 "notify_url_set": self.notify_url is not None,
             }
+
+
+def _column_fill(columns: Sequence[str], filled: Mapping[str, int]) -> dict[str, int]:
+    """Return, per column of the sitemap's selectors, how many records filled it: a selector
+    that no record carries counts 0, a record field no selector makes is not judged."""
+    return {name: filled.get(name, 0) for name in columns}
+
+
+def _pages(records: int, per_page: int) -> int:
+    """Return how many pages yield ``records`` records at ``per_page`` a page."""
+    return -(-records // per_page)
+
+
+def _positive(value: int, name: str) -> int:
+    """Return value if it is a positive whole number, else refuse it naming the setting."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive whole number, got {value!r}")
+    return value
+
+
+def _scraped_so_far(job: Job) -> None:
+    """While a job runs, its counters follow the records scraped so far (Cloud's progress)."""
+    if job.status != "started":
+        return
+    job.stored_record_count = len(job.records)
+    job.jobs_scheduled = job.jobs_executed = _pages(job.stored_record_count, job.records_per_page)
 
 
 def _sitemap_name(definition: Mapping[str, Any]) -> str:

@@ -15,6 +15,8 @@ from simulator import CloudState, SimServer, create_app, serve
 
 TOKEN = "sim-token"
 START = 1_700_000_000.0
+# What Cloud requires in every POST scraping-job besides the sitemap id (the docs' values).
+JOB_SETTINGS = {"driver": "fast", "page_load_delay": 2000, "request_interval": 2000}
 
 
 @dataclass

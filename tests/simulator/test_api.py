@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from simulator import CloudState
+from tests.simulator.conftest import JOB_SETTINGS
 
 JOB_KEYS = [
     "id",
@@ -98,15 +99,15 @@ def test_a_sitemap_can_be_updated_and_deleted(client: httpx.Client, sitemap_id: 
 
 
 def test_a_malformed_sitemap_gets_422_validation_errors(client: httpx.Client) -> None:
-    """A sitemap without startUrl is refused with Laravel-style validationErrors."""
+    """A misspelled startUrl gets the answer Cloud gave live: the unknown attribute is
+    suspicious and the start URL is missing, in Laravel-style validationErrors."""
     response = client.post("sitemap", json={"_id": "broken", "startUrll": ["https://x/"]})
     assert response.status_code == 422
-    assert response.json() == {
-        "success": False,
-        "validationErrors": {
-            "sitemap_object.startUrl": ["The sitemap object.start url field is required."]
-        },
-    }
+    assert response.text == (
+        '{"success":false,"validationErrors":{'
+        '"sitemap_object":["Sitemap has a suspicious attribute somewhere."],'
+        '"sitemap_object.startUrl":["The sitemap object.start url field is required."]}}'
+    )
     assert client.post("sitemap", content=b"not json").status_code == 422
 
 
@@ -141,7 +142,12 @@ def test_a_job_carries_its_custom_id_and_start_urls(
     """custom_id is echoed; start_urls replace the sitemap's for this job only."""
     created = client.post(
         "scraping-job",
-        json={"sitemap_id": sitemap_id, "custom_id": "run-7", "start_urls": ["https://b.example/"]},
+        json={
+            "sitemap_id": sitemap_id,
+            "custom_id": "run-7",
+            "start_urls": ["https://b.example/"],
+            **JOB_SETTINGS,
+        },
     ).json()["data"]
     assert created["custom_id"] == "run-7"
     assert client.get(f"scraping-job/{created['id']}").json()["data"]["custom_id"] == "run-7"
@@ -150,7 +156,9 @@ def test_a_job_carries_its_custom_id_and_start_urls(
 
 def test_a_job_for_an_unknown_sitemap_gets_422(client: httpx.Client) -> None:
     """Creating a job needs an existing sitemap id and a known driver."""
-    response = client.post("scraping-job", json={"sitemap_id": 4242, "driver": "chrome"})
+    response = client.post(
+        "scraping-job", json={**JOB_SETTINGS, "sitemap_id": 4242, "driver": "chrome"}
+    )
     assert response.status_code == 422
     assert response.json()["validationErrors"] == {
         "sitemap_id": ["The selected sitemap id is invalid."],

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from simulator import CloudState
+from tests.simulator.conftest import JOB_SETTINGS
 
 
 def _read_until_dropped(client: httpx.Client, path: str) -> tuple[bytes, Exception | None]:
@@ -57,9 +58,15 @@ def test_a_fault_can_target_one_method_and_last_until_cleared(
     state.inject_fault("status", times=None, status=500, method="POST")
     assert client.get("sitemaps").status_code == 200
     for _ in range(3):
-        assert client.post("scraping-job", json={"sitemap_id": sitemap_id}).status_code == 500
+        assert (
+            client.post("scraping-job", json={"sitemap_id": sitemap_id, **JOB_SETTINGS}).status_code
+            == 500
+        )
     state.clear_faults()
-    assert client.post("scraping-job", json={"sitemap_id": sitemap_id}).status_code == 200
+    assert (
+        client.post("scraping-job", json={"sitemap_id": sitemap_id, **JOB_SETTINGS}).status_code
+        == 200
+    )
 
 
 def test_a_rate_limit_fault_answers_429_without_spending_the_window(
@@ -158,7 +165,9 @@ def test_a_create_that_times_out_still_creates_the_job(
     state.inject_fault("create_then_slow", seconds=0.5)
     with pytest.raises(httpx.ReadTimeout):
         socket_client.post(
-            "scraping-job", json={"sitemap_id": sitemap_id, "custom_id": "run-1"}, timeout=0.1
+            "scraping-job",
+            json={"sitemap_id": sitemap_id, "custom_id": "run-1", **JOB_SETTINGS},
+            timeout=0.1,
         )
     assert [job.custom_id for job in state.jobs.values()] == ["run-1"]
 

@@ -27,7 +27,8 @@ def _job(client: httpx.Client, job_id: int) -> dict[str, object]:
 def test_a_job_moves_from_waiting_through_started_to_finished(
     client: httpx.Client, state: CloudState, make_job: Callable[..., int], clock: FakeClock
 ) -> None:
-    """The hooks walk a job through Cloud's statuses and fill its counters at the end."""
+    """The hooks walk a job through Cloud's statuses and fill its counters at the end: three
+    pages that yielded a record each and one failed page make four pages scheduled."""
     job_id = make_job()
     assert _job(client, job_id)["status"] == "waiting-to-be-scheduled"
     state.start_job(job_id)
@@ -38,7 +39,7 @@ def test_a_job_moves_from_waiting_through_started_to_finished(
     job = _job(client, job_id)
     assert job["status"] == "finished"
     assert job["stored_record_count"] == 3
-    assert (job["jobs_scheduled"], job["jobs_executed"], job["jobs_failed"]) == (3, 3, 1)
+    assert (job["jobs_scheduled"], job["jobs_executed"], job["jobs_failed"]) == (4, 4, 1)
     assert job["scraping_duration"] == 42
 
 
