@@ -808,6 +808,11 @@ def _fill_reason(
     )
 
 
+def _enough_records(records: int, limit_points: float) -> bool:
+    """Whether one record of ``records`` is worth less than ``limit_points`` of fill rate."""
+    return records > 0 and (limit_points <= 0 or 100.0 / records < limit_points)
+
+
 def fill_rate_checks(
     profile: Profile, baseline: Baseline, quality: Quality, *, skip: Iterable[str] = ()
 ) -> list[Check]:
@@ -815,13 +820,19 @@ def fill_rate_checks(
 
     A fall beyond ``max_fill_rate_drop_points`` over the run is run-level unless a single
     partition (of several) is the one that fell: then, as for any partition whose own rate fell
-    that far while the run's held, the reason is that partition's and quarantines it."""
+    that far while the run's held, the reason is that partition's and quarantines it. A rate is
+    judged only over enough records that one record alone cannot move it past the threshold
+    (seven at 15 points): a retailer with three items is not quarantined for one blank title."""
     limit = quality.max_fill_rate_drop_points
-    if limit is None:
+    if limit is None or not _enough_records(profile.records, limit):
         return []
     runs = len(baseline.runs)
     skipped = set(skip)
-    judged = sorted(p for p in profile.partitions if p in baseline.partition_names)
+    judged = sorted(
+        p
+        for p in profile.partitions
+        if p in baseline.partition_names and _enough_records(profile.partitions[p], limit)
+    )
     checks: list[Check] = []
     for name in sorted(baseline.fields_in_any_run - skipped):
         base = baseline.fill_rate(name)

@@ -192,6 +192,18 @@ def test_a_field_emptied_in_one_partition_quarantines_that_partition() -> None:
     assert judge(run, history).state == "rejected"  # policy reject: one bad partition rejects
 
 
+def test_one_blank_value_in_a_tiny_partition_quarantines_nothing() -> None:
+    """A retailer of five records with one price missing is 20 points down, but one record
+    cannot carry a verdict; at fifty records the same share is judged."""
+    history = [profile({**even(400), "tiny": 5}) for _ in range(3)]
+    records = records_of(even(400)) + records_of({"tiny": 5}, {"price": 0.8}, start=1000)
+    assert judge(acceptance.tally_records(records, RULES), history).state == "accepted"
+    history = [profile({**even(400), "small": 50}) for _ in range(3)]
+    records = records_of(even(400)) + records_of({"small": 50}, {"price": 0.8}, start=1000)
+    verdict = judge(acceptance.tally_records(records, RULES), history)
+    assert verdict.quarantined == ("small",)
+
+
 def test_a_field_that_disappears_is_field_missing_and_not_also_a_fill_rate_drop() -> None:
     """title in every baseline run and in no record now: rejected for field_missing only."""
     verdict = judge(tallies(even(400), {"title": -1}), history_of(400, 400, 400))
