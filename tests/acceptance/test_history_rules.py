@@ -189,6 +189,12 @@ def test_a_field_emptied_in_one_partition_quarantines_that_partition() -> None:
         0,
         100,
     )
+    overall = next(c for c in verdict.checks if (c.rule, c.subject) == ("fill_rate_drop", "price"))
+    assert (overall.passed, overall.got, overall.allowed.endswith("price @ beta's alone")) == (
+        True,
+        75,
+        True,
+    )
     assert judge(run, history).state == "rejected"  # policy reject: one bad partition rejects
 
 
