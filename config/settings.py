@@ -64,13 +64,17 @@ class Settings:
     status_token: str | None = field(default=None, repr=False)
     api_budget_limit: int = 200
     api_budget_window: float = 900.0
-    lease_seconds: float = 300.0
-    sweep_interval: float = 60.0
+    lease_seconds: float = 60.0
+    sweep_interval: float = 30.0
     reconcile_interval: float = 900.0
     max_sync_attempts: int = 12
     export_dir: Path = Path("exports")
+    shutdown_grace: float = 20.0
     kill_at: str | None = None
     kill_once_marker: str | None = None
+    hold_at: str | None = None
+    hold_file: str | None = None
+    hold_seconds: float = 600.0
     environment: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -91,13 +95,17 @@ class Settings:
             status_token=env.get("SCRAPESYNC_STATUS_TOKEN") or None,
             api_budget_limit=int(_number(env, "SCRAPESYNC_API_BUDGET", 200)),
             api_budget_window=_number(env, "SCRAPESYNC_API_WINDOW_SECONDS", 900.0),
-            lease_seconds=_number(env, "SCRAPESYNC_LEASE_SECONDS", 300.0),
-            sweep_interval=_number(env, "SCRAPESYNC_SWEEP_SECONDS", 60.0),
+            lease_seconds=_number(env, "SCRAPESYNC_LEASE_SECONDS", 60.0),
+            sweep_interval=_number(env, "SCRAPESYNC_SWEEP_SECONDS", 30.0),
             reconcile_interval=_number(env, "SCRAPESYNC_RECONCILE_SECONDS", 900.0),
             max_sync_attempts=int(_number(env, "SCRAPESYNC_MAX_SYNC_ATTEMPTS", 12)),
             export_dir=Path(env.get("SCRAPESYNC_EXPORT_DIR") or "exports"),
             kill_at=env.get("SCRAPESYNC_KILL_AT") or None,
             kill_once_marker=env.get("SCRAPESYNC_KILL_ONCE_MARKER") or None,
+            shutdown_grace=_number(env, "SCRAPESYNC_SHUTDOWN_GRACE_SECONDS", 20.0),
+            hold_at=env.get("SCRAPESYNC_HOLD_AT") or None,
+            hold_file=env.get("SCRAPESYNC_HOLD_FILE") or None,
+            hold_seconds=_number(env, "SCRAPESYNC_HOLD_SECONDS", 600.0),
             environment=dict(env),
         )
 

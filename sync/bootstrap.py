@@ -27,19 +27,33 @@ from sync.queue import Dispatcher, RecordingDispatcher, RQDispatcher
 
 
 class KillPoints:
-    """Named places where a test may have the process killed (SIGKILL) to prove crash safety.
+    """Named places where a test may have the process killed (SIGKILL) or held to prove crash
+    safety.
 
-    With a marker path the kill happens once: the marker is created just before dying, so the
-    restarted process runs through.
+    With a marker path the kill (or hold) happens once: the marker is created just before, so
+    the restarted process runs through. A hold appends the process id to ``hold_file`` and sleeps
+    ``hold_seconds`` there, so that a test can kill the whole worker from outside (as a crashed
+    dyno dies), stop a database under it, or send it SIGTERM in the middle of a sync.
     """
 
-    def __init__(self, kill_at: str | None = None, *, once_marker: str | None = None) -> None:
+    def __init__(
+        self,
+        kill_at: str | None = None,
+        *,
+        once_marker: str | None = None,
+        hold_at: str | None = None,
+        hold_file: str | None = None,
+        hold_seconds: float = 600.0,
+    ) -> None:
         self.kill_at = kill_at
         self.once_marker = once_marker
+        self.hold_at = hold_at
+        self.hold_file = hold_file
+        self.hold_seconds = hold_seconds
 
     def reached(self, name: str) -> None:
-        """Die at once if this is the configured kill point."""
-        if self.kill_at != name:
+        """Hold here if this is the hold point; die at once if it is the kill point."""
+        if name not in (self.kill_at, self.hold_at):
             return
         if self.once_marker is not None:
             try:
@@ -47,6 +61,12 @@ class KillPoints:
                     pass
             except FileExistsError:
                 return
+        if self.hold_at == name:
+            if self.hold_file is not None:
+                with open(self.hold_file, "a") as marker:
+                    marker.write(f"{os.getpid()}\n")
+            time.sleep(self.hold_seconds)
+            return
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -83,9 +103,11 @@ def build(
     budget: ApiBudget | None = None,
     engine_kwargs: dict[str, Any] | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    role: str = "cli",
 ) -> Services:
-    """Wire services from settings; any part may be handed in instead."""
-    uow = UnitOfWork(make_engine(settings.database_url, **(engine_kwargs or {})))
+    """Wire services from settings for a process of ``role`` (``web``, ``worker``,
+    ``maintenance`` or ``cli``: it sizes the database pool); any part may be handed in."""
+    uow = UnitOfWork(make_engine(settings.database_url, role=role, **(engine_kwargs or {})))
     if redis is None and settings.redis_url:
         redis = Redis.from_url(settings.redis_url)
     if dispatcher is None:
@@ -124,18 +146,25 @@ def build(
         cloud=cloud,
         redis=redis,
         budget=budget,
-        killpoints=KillPoints(settings.kill_at, once_marker=settings.kill_once_marker),
+        killpoints=KillPoints(
+            settings.kill_at,
+            once_marker=settings.kill_once_marker,
+            hold_at=settings.hold_at,
+            hold_file=settings.hold_file,
+            hold_seconds=settings.hold_seconds,
+        ),
     )
 
 
 _process_services: Services | None = None
 
 
-def from_env() -> Services:
-    """The services of this process, built from the environment on first use."""
+def from_env(*, role: str = "worker") -> Services:
+    """The services of this process, built from the environment on first use (a work horse's
+    unless the first caller names another role)."""
     global _process_services
     if _process_services is None:
-        _process_services = build(Settings.from_env())
+        _process_services = build(Settings.from_env(), role=role)
     return _process_services
 
 

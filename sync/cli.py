@@ -126,12 +126,18 @@ def run() -> None:
 def _services() -> Services:
     from sync import bootstrap
 
-    return bootstrap.from_env()
+    return bootstrap.from_env(role="cli")
 
 
 @main.command("sync")
 @click.argument("job_id", type=int)
-def sync_command(job_id: int) -> None:
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Download and merge the job's data even if Cloud reports it unchanged since the last "
+    "sync (e.g. after changing the datasets file).",
+)
+def sync_command(job_id: int, force: bool) -> None:
     """Synchronise one Cloud scraping job now, in the foreground."""
     from sync import store, tasks
 
@@ -142,7 +148,7 @@ def sync_command(job_id: int) -> None:
         session.commit()
     progress = Progress(enabled=_interactive())
     try:
-        result = tasks.run_sync(_with_progress(services, progress), wish.task_key)
+        result = tasks.run_sync(_with_progress(services, progress), wish.task_key, force=force)
     finally:
         progress.close()
     if result.outcome == "not_claimed":
@@ -157,15 +163,24 @@ def sync_command(job_id: int) -> None:
             f" run={result.run_id} read={result.records_read} inserted={c.inserted} "
             f"updated={c.updated} unchanged={c.unchanged} missing_key={result.missing_key}"
         )
+    if result.outcome == "unchanged":
+        line += (
+            f" run={result.run_id}: Cloud reports the job as at its last sync; nothing downloaded "
+            "(--force re-imports it)"
+        )
     if result.error:
         line += f" ({result.error})"
     echo(line)
-    if result.outcome == "committed" and result.state == "committed" and result.run_id:
+    if (
+        result.outcome in ("committed", "unchanged")
+        and result.state == "committed"
+        and result.run_id
+    ):
         from sync import runs
 
         evaluation = runs.evaluate_run(services, result.run_id)
         echo(f"run {result.run_id}: {evaluation.state} ({evaluation.outcome})")
-    if result.outcome not in ("committed",):
+    if result.outcome not in ("committed", "unchanged"):
         sys.exit(1)
 
 

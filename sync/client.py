@@ -18,7 +18,9 @@ Retry contract: `RetryPolicy` alone decides. A retryable failure is retried inli
 attempts, the elapsed budget and `max_inline_wait` allow; otherwise the last typed error is
 raised with `retry_after` set to the wait it needed, so a sync task can park in retry_wait
 instead of blocking its worker. `retry_after is None` means "do not simply repeat this call":
-a 4xx, or a create_job whose fate is unknown (find the job by custom_id before launching again).
+a 4xx, or a create_job whose fate is unknown (find the job by custom_id before launching again);
+on a 429 it means Cloud named no wait, so the caller backs off (`backoff`) by how often in a row
+it was refused.
 Downloads are retried only while nothing has been yielded.
 
 Secrecy: the API token is added as the `api_token` query parameter by the innermost transport
@@ -132,6 +134,12 @@ class ApiBudgetExhaustedError(CloudError):
 # --- retry policy -----------------------------------------------------------------------------
 
 
+def backoff(attempt: int, draw: float, *, base: float, cap: float) -> float:
+    """The one backoff of scrapesync: capped full jitter, ``draw * min(cap, base * 2**attempt)``
+    for a draw in [0, 1): it grows with ``attempt`` and never passes ``cap``."""
+    return draw * min(cap, base * 2.0 ** min(attempt, 64))
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How long and how often a Cloud call is retried inline, decided by failure class."""
@@ -168,7 +176,7 @@ class RetryPolicy:
 
     def backoff(self, attempt: int) -> float:
         """Capped full-jitter backoff: uniform(0, min(cap, base * 2**attempt))."""
-        return self.random() * min(self.cap, self.base * 2.0 ** min(attempt, 64))
+        return backoff(attempt, self.random(), base=self.base, cap=self.cap)
 
     def retry_inline(self, wait: float, *, attempt: int, elapsed: float) -> bool:
         """Whether to sleep wait seconds and try again now, rather than hand the wait back."""
@@ -762,7 +770,10 @@ class CloudClient:
     ) -> None:
         elapsed = self._clock() - started
         if wait is None or not self._retry.retry_inline(wait, attempt=attempt, elapsed=elapsed):
-            failure.retry_after = wait
+            if not (isinstance(failure, CloudRateLimitedError) and failure.retry_after is None):
+                failure.retry_after = wait
+            # else Cloud named no wait: retry_after stays None, and the caller backs off by how
+            # many times in a row it was refused
             raise failure
         logger.warning(
             "%s %s: %s; retrying in %.2f s (attempt %d of %d)",

@@ -14,9 +14,23 @@ from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
+CONNECT_TIMEOUT = 10  # a database that does not answer fails a pass; it never hangs one
+RECYCLE_SECONDS = 1800  # under the idle cut-off of hosted PostgreSQL and of PgBouncer
+POOLS: dict[str, dict[str, Any]] = {
+    # Each gunicorn process keeps one idle connection and opens one more in a burst; its
+    # threads wait for those two rather than take connections the workers need.
+    "web": {"pool_size": 1, "max_overflow": 1, "pool_timeout": 5},
+    # A work horse runs one sync: its import transaction and the heartbeat beside it.
+    "worker": {"pool_size": 2, "max_overflow": 1, "pool_timeout": 30},
+    # The maintenance pass of a worker's main process runs one session at a time.
+    "maintenance": {"pool_size": 1, "max_overflow": 1, "pool_timeout": 10},
+    "cli": {"pool_size": 2, "max_overflow": 2, "pool_timeout": 30},
+}
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for ``url``; SQLite gets WAL, a busy timeout and foreign keys."""
+
+def make_engine(url: str, *, role: str = "cli", **kwargs: Any) -> Engine:
+    """An engine for ``url`` with a bounded pool sized for the process ``role`` (``web``,
+    ``worker``, ``maintenance`` or ``cli``); SQLite gets WAL, a busy timeout and foreign keys."""
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
 
@@ -29,7 +43,21 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cursor.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, **kwargs)
+    options: dict[str, Any] = {
+        # pg_stat_activity shows which kind of process holds each connection
+        "connect_args": {
+            "connect_timeout": CONNECT_TIMEOUT,
+            "application_name": f"scrapesync-{role}",
+        },
+        "pool_pre_ping": True,
+        "pool_recycle": RECYCLE_SECONDS,
+        **POOLS[role],
+        **kwargs,
+    }
+    if options.get("poolclass") is not None:  # e.g. NullPool takes no sizes
+        for name in ("pool_size", "max_overflow", "pool_timeout"):
+            options.pop(name, None)
+    return create_engine(url, **options)
 
 
 class UnitOfWork:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
-from sync import bootstrap, heartbeat, outbox, runs, sweeper, tasks
+from sync import bootstrap, maintenance, outbox, runs, tasks
 from sync import reconcile as reconciliation
 
 
@@ -37,29 +35,5 @@ def reconcile() -> dict[str, int]:
 
 
 def maintain() -> dict[str, int]:
-    """Sweep lost and due tasks, runs due for evaluation and due deliveries, queue a reconcile
-    pass once per reconcile interval, then schedule the next maintenance pass."""
-    services = bootstrap.from_env()
-    report = sweeper.sweep(services)
-    evaluations = runs.redrive(services)
-    deliveries = outbox.redrive(services)
-    reconciliation.schedule(services)
-    heartbeat.beat(services)
-    schedule_maintenance(services)
-    return {
-        "due": report.due,
-        "enqueued": report.enqueued,
-        "evaluations": evaluations,
-        "deliveries_due": deliveries,
-    }
-
-
-def schedule_maintenance(services: bootstrap.Services) -> bool:
-    """Make sure the next maintenance pass is scheduled (one per interval, whoever asks)."""
-    interval = services.settings.sweep_interval
-    now = services.clock()
-    bucket = int(now.timestamp() // interval) + 1
-    at = now.replace(microsecond=0) + timedelta(seconds=bucket * interval - now.timestamp())
-    return services.dispatcher.enqueue_call(
-        "sync.jobs.maintain", job_id=f"maintain-{bucket}", at=at
-    )
+    """One maintenance pass, when queued by hand (workers run it on their own timer)."""
+    return maintenance.run_pass(bootstrap.from_env()).counts

@@ -175,6 +175,7 @@ class SyncTask(Base):
     lease_until: Mapped[datetime | None]
     lease_token: Mapped[int] = mapped_column(Integer, default=0)
     enqueued_at: Mapped[datetime | None]
+    synced_fingerprint: Mapped[str | None] = mapped_column(String(64))
     last_error_class: Mapped[str | None] = mapped_column(String(100))
     last_error: Mapped[str | None] = mapped_column(ScrubbedText)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -18,6 +18,7 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 QUEUE_NAME = "scrapesync"
+SYNC_JOB_TIMEOUT = 3 * 3600  # RQ's default 180 s would kill a big export's sync every time
 WAITING = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
 
 
@@ -60,7 +61,14 @@ class RQDispatcher:
             return False
         return status in WAITING
 
-    def enqueue_call(self, func: str, *args: Any, job_id: str, at: datetime | None = None) -> bool:
+    def enqueue_call(
+        self,
+        func: str,
+        *args: Any,
+        job_id: str,
+        at: datetime | None = None,
+        job_timeout: int | None = None,
+    ) -> bool:
         """Queue ``func(*args)`` under ``job_id`` unless that job already waits."""
         if at is None:
             # The usual case, a job id never used: one atomic check-and-enqueue round trip.
@@ -68,6 +76,7 @@ class RQDispatcher:
                 self.queue.enqueue_call(
                     func,
                     args,
+                    timeout=job_timeout,
                     job_id=job_id,
                     result_ttl=3600,
                     failure_ttl=86400,
@@ -78,10 +87,13 @@ class RQDispatcher:
                 pass  # the id exists: whether that job still waits decides below
         if self._already_waiting(job_id, now=at is None):
             return False
+        options: dict[str, Any] = {"job_id": job_id, "result_ttl": 3600}
+        if job_timeout is not None:
+            options["job_timeout"] = job_timeout
         if at is not None:
-            self.queue.enqueue_at(at, func, *args, job_id=job_id, result_ttl=3600)
+            self.queue.enqueue_at(at, func, *args, **options)
         else:
-            self.queue.enqueue(func, *args, job_id=job_id, result_ttl=3600, failure_ttl=86400)
+            self.queue.enqueue(func, *args, failure_ttl=86400, **options)
         return True
 
     def enqueue_sync(
@@ -93,6 +105,7 @@ class RQDispatcher:
             task_key,
             job_id=sync_job_id(task_key, generation, attempts),
             at=at,
+            job_timeout=SYNC_JOB_TIMEOUT,
         )
 
 

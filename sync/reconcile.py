@@ -29,7 +29,13 @@ from sqlalchemy import case, func, or_, select
 
 from sync import logs, outbox, runs, store, sweeper
 from sync.bootstrap import Services
-from sync.client import ApiBudgetExhaustedError, CloudError, CloudRateLimitedError, ScrapingJob
+from sync.client import (
+    ApiBudgetExhaustedError,
+    CloudError,
+    CloudRateLimitedError,
+    ScrapingJob,
+    backoff,
+)
 from sync.models import Launch, MaintenanceRun, Run, SyncTask
 from sync.models import ScrapingJob as JobRow
 
@@ -223,6 +229,7 @@ def _list_jobs(
     """Every scraping job Cloud lists, waiting politely when Cloud or the budget says so."""
     seen: dict[int, ScrapingJob] = {}
     next_page = 1  # after a wait the listing resumes here; pages already read cost nothing
+    refused = 0
     while True:
         try:
             with services.cloud() as cloud:
@@ -232,7 +239,11 @@ def _list_jobs(
                     next_page = page + 1
             return list(seen.values())
         except (CloudRateLimitedError, ApiBudgetExhaustedError) as exc:
-            wait = max(exc.retry_after if exc.retry_after is not None else 1.0, 0.0) + 1.0
+            refused += 1
+            hinted = exc.retry_after
+            # Cloud named no wait: back off longer each time (at least half the ceiling)
+            guess = backoff(refused, 0.5 + services.random() / 2, base=1.0, cap=60.0)
+            wait = max(hinted if hinted is not None else guess, 0.0) + 1.0
             if report.waited_seconds + wait > max_wait:
                 report.complete, report.listing_error = False, str(exc)
                 return list(seen.values())

@@ -37,7 +37,7 @@ def sweep(services: Services) -> SweepReport:
             log.warning("sweep.enqueue_failed", extra={"task_key": task_key}, exc_info=True)
     report = SweepReport(due=len(due), enqueued=enqueued, enqueue_failures=failures)
     if not due:
-        return report  # an idle sweep leaves no row: the worker sweeps every minute
+        return report  # an idle sweep leaves no row: the workers sweep every interval
     with services.uow.begin() as session:
         session.add(
             MaintenanceRun(

@@ -6,15 +6,29 @@ observations in the SAME transaction that marks the task committed under the cur
 token. A stale worker's commit matches no task row and rolls back whole. Commit comes first; the
 RQ job is acknowledged only after it. Every failure is classified in one place
 (:func:`classify`) into retry_wait, quarantined, gone or dead.
+
+A lease ends with its holder: when the worker is told to shut down (SIGTERM turns into RQ's
+ShutDownImminentException in the work horse) or the attempt is otherwise interrupted, the
+attempt is recorded ``abandoned`` and the task handed back (``pending``, due now) at once, so
+the next worker starts it without waiting out the lease.
+
+A repeat costs one API call: when the job Cloud describes now (status, page counters, stored
+record count, scraping duration) has the fingerprint of the last committed sync, the attempt
+commits as ``unchanged`` without downloading. Cloud's "Continue" changes the fingerprint, so
+it syncs again; ``force`` re-imports anyway (after the datasets file changed).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
 from sync import logs, runs, store
@@ -29,8 +43,9 @@ from sync.client import (
     CloudValidationError,
     ScrapingJob,
 )
+from sync.client import backoff as jittered
 from sync.identity import RecordIdentity
-from sync.models import Launch, Run, SyncTask
+from sync.models import Attempt, Launch, Run, SyncTask
 from sync.store import Lease, StaleLeaseError, UpsertCounts
 
 log = logs.get("sync")
@@ -90,13 +105,34 @@ class Verdict:
     count_failure: bool
 
 
+THROTTLED = ("CloudRateLimitedError", "ApiBudgetExhaustedError")
+
+
 def backoff(failures: int, draw: float) -> float:
-    """Capped full-jitter backoff for the task's ``failures``-th failure (draw in [0, 1))."""
-    return draw * min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** min(failures, 30))
+    """The task's wait after its ``failures``-th failure in a row (draw in [0, 1))."""
+    return jittered(failures, draw, base=BACKOFF_BASE, cap=BACKOFF_CAP)
 
 
-def classify(exc: BaseException, *, failures: int, draw: float) -> Verdict:
-    """The one place that decides what a failure of the sync task means."""
+def job_fingerprint(job: ScrapingJob, run_id: str) -> str:
+    """What a sync of ``job`` into ``run_id`` depends on, as Cloud reports it: a job whose
+    fingerprint is unchanged since its last committed sync has nothing new to download."""
+    facts = [
+        run_id,
+        job.status,
+        job.jobs_scheduled,
+        job.jobs_executed,
+        job.jobs_failed,
+        job.jobs_empty,
+        job.jobs_no_value,
+        job.stored_record_count,
+        job.scraping_duration,
+    ]
+    return hashlib.sha256(json.dumps(facts).encode()).hexdigest()
+
+
+def classify(exc: BaseException, *, failures: int, draw: float, throttled: int = 0) -> Verdict:
+    """The one place that decides what a failure of the sync task means (``throttled``: how
+    many attempts in a row before this one Cloud or the budget refused)."""
     if isinstance(exc, JobNotFinishedError):
         return Verdict("retry_wait", min(POLL_CAP, POLL_BASE * 2.0 ** min(failures, 10)), False)
     if isinstance(exc, CloudAuthError | CloudValidationError | NoDatasetError):
@@ -104,8 +140,16 @@ def classify(exc: BaseException, *, failures: int, draw: float) -> Verdict:
     if isinstance(exc, CloudNotFoundError):
         return Verdict("gone", None, False)
     if isinstance(exc, CloudRateLimitedError | ApiBudgetExhaustedError):
-        wait = exc.retry_after if exc.retry_after is not None else backoff(failures, draw)
-        return Verdict("retry_wait", wait + draw, False)
+        if exc.retry_after is not None:
+            return Verdict("retry_wait", exc.retry_after + draw, False)
+        # Cloud named no wait: wait longer each time in a row (half of the ceiling at least),
+        # never spending the failure budget
+        return Verdict("retry_wait", backoff(throttled + 1, 0.5 + draw / 2), False)
+    if isinstance(exc, OperationalError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    ):
+        # The database went away: not the job's fault; the sweep retries once it answers.
+        return Verdict("retry_wait", 0.0, False)
     if isinstance(exc, CloudError):
         wait = backoff(failures, draw)
         if exc.retry_after is not None:
@@ -147,8 +191,9 @@ def resolve_target(services: Services, job: ScrapingJob) -> Target:
     return Target(dataset, dataset.run_id_for(window), window, None)
 
 
-def run_sync(services: Services, task_key: str) -> SyncResult:
-    """Run the sync task ``task_key`` once, whatever state it is in."""
+def run_sync(services: Services, task_key: str, *, force: bool = False) -> SyncResult:
+    """Run the sync task ``task_key`` once, whatever state it is in; ``force`` downloads and
+    merges the job's data even when Cloud reports it unchanged since the last sync."""
     now = services.clock()
     with services.uow.begin() as session:
         lease = store.claim(
@@ -163,8 +208,8 @@ def run_sync(services: Services, task_key: str) -> SyncResult:
         return _not_claimed(services, task_key)
     bound = {"task_key": task_key, "attempt_id": lease.attempt_id, "job_id": lease.job_id}
     log.info("attempt.started", extra={**bound, "lease_token": lease.token})
-    services.killpoints.reached("after-lease")
     try:
+        services.killpoints.reached("after-lease")
         with services.cloud() as cloud:
             job = cloud.get_job(lease.job_id)
             target = resolve_target(services, job)
@@ -173,7 +218,11 @@ def run_sync(services: Services, task_key: str) -> SyncResult:
                     f"scraping job {job.id} is {job.status!r}; its data is not final yet",
                     run_id=target.run_id,
                 )
-            result = _import(services, cloud, lease, job, target)
+            fingerprint = job_fingerprint(job, target.run_id)
+            if not force and fingerprint == _synced_fingerprint(services, task_key):
+                result = _commit_unchanged(services, lease, job, target, fingerprint)
+            else:
+                result = _import(services, cloud, lease, job, target, fingerprint=fingerprint)
     except StaleLeaseError as exc:
         _finish_attempt(services, lease, outcome="stale", error_class="StaleLease", error=str(exc))
         log.warning("attempt.stale", extra=bound)
@@ -186,15 +235,88 @@ def run_sync(services: Services, task_key: str) -> SyncResult:
         if not isinstance(exc, CloudError | JobNotFinishedError | NoDatasetError):
             raise
         return result
+    except BaseException as exc:  # SIGTERM's ShutDownImminentException, an interrupt
+        _abandon(services, lease, exc)
+        log.warning("attempt.abandoned", extra={**bound, "error": type(exc).__name__})
+        raise
     log.info(
-        "attempt.committed",
+        f"attempt.{result.outcome}",
         extra={**bound, "run_id": result.run_id, "records": result.records_read},
     )
     return result
 
 
+def _synced_fingerprint(services: Services, task_key: str) -> str | None:
+    with services.uow.begin() as session:
+        return session.execute(
+            select(SyncTask.synced_fingerprint).where(SyncTask.task_key == task_key)
+        ).scalar_one_or_none()
+
+
+def _commit_unchanged(
+    services: Services, lease: Lease, job: ScrapingJob, target: Target, fingerprint: str
+) -> SyncResult:
+    """Cloud reports the job as it was at the last committed sync: commit without downloading."""
+    now = services.clock()
+    with services.uow.begin() as session:
+        state = store.commit_task(session, lease, run_id=target.run_id, now=now)
+        _record_fingerprint(session, lease, fingerprint)
+        store.finish_attempt(
+            session, lease.attempt_id, now=now, outcome="unchanged", cloud_status=job.status
+        )
+        session.commit()
+    if state == "pending":
+        _enqueue(services, lease.task_key)
+    return SyncResult(lease.task_key, "unchanged", state, run_id=target.run_id)
+
+
+def _record_fingerprint(session: Session, lease: Lease, fingerprint: str) -> None:
+    session.execute(
+        update(SyncTask)
+        .where(SyncTask.task_key == lease.task_key, SyncTask.lease_token == lease.token)
+        .values(synced_fingerprint=fingerprint)
+    )
+
+
+def _abandon(services: Services, lease: Lease, exc: BaseException) -> None:
+    """The attempt was interrupted (its worker is shutting down): record it abandoned and hand
+    the task back, due now, so the next worker need not wait for the lease to run out."""
+    now = services.clock()
+    try:
+        with services.uow.begin() as session:
+            released = store.settle_task(
+                session,
+                lease,
+                state="pending",
+                error_class=type(exc).__name__,
+                error=str(exc) or type(exc).__name__,
+                next_attempt_at=now,
+                count_failure=False,
+                now=now,
+            )
+            store.finish_attempt(
+                session,
+                lease.attempt_id,
+                now=now,
+                outcome="abandoned",
+                error_class=type(exc).__name__,
+                error=str(exc) or type(exc).__name__,
+            )
+            session.commit()
+        if released:
+            _enqueue(services, lease.task_key)
+    except Exception:  # the database is away too: the lease runs out and the sweep takes it
+        log.warning("attempt.abandon_failed", extra={"task_key": lease.task_key}, exc_info=True)
+
+
 def _import(
-    services: Services, cloud: CloudClient, lease: Lease, job: ScrapingJob, target: Target
+    services: Services,
+    cloud: CloudClient,
+    lease: Lease,
+    job: ScrapingJob,
+    target: Target,
+    *,
+    fingerprint: str | None = None,
 ) -> SyncResult:
     dataset = target.dataset
     settings = services.settings
@@ -243,6 +365,8 @@ def _import(
         )
         services.killpoints.reached("mid-upsert")
         state = store.commit_task(session, lease, run_id=target.run_id, now=now)
+        if fingerprint is not None:
+            _record_fingerprint(session, lease, fingerprint)
         store.finish_attempt(
             session,
             lease.attempt_id,
@@ -292,7 +416,10 @@ def _heartbeat(services: Services, lease: Lease) -> datetime:
 
 def _settle_failure(services: Services, lease: Lease, exc: BaseException) -> SyncResult:
     now = services.clock()
-    verdict = classify(exc, failures=lease.failure_count, draw=services.random())
+    throttled = _throttled_in_a_row(services, lease) if isinstance(exc, CloudError) else 0
+    verdict = classify(
+        exc, failures=lease.failure_count, draw=services.random(), throttled=throttled
+    )
     state = verdict.state
     if verdict.count_failure and lease.failure_count + 1 >= services.settings.max_sync_attempts:
         state = "dead"
@@ -331,6 +458,23 @@ def _settle_failure(services: Services, lease: Lease, exc: BaseException) -> Syn
         next_attempt_at=next_at if state == "retry_wait" else None,
         error=f"{error_class}: {message}",
     )
+
+
+def _throttled_in_a_row(services: Services, lease: Lease) -> int:
+    """How many of the task's latest attempts, before this one, Cloud or the budget refused."""
+    with services.uow.begin() as session:
+        classes = session.execute(
+            select(Attempt.error_class)
+            .where(Attempt.task_key == lease.task_key, Attempt.attempt_id != lease.attempt_id)
+            .order_by(Attempt.started_at.desc())
+            .limit(32)
+        ).scalars()
+        count = 0
+        for error_class in classes:
+            if error_class not in THROTTLED:
+                break
+            count += 1
+        return count
 
 
 def _finish_attempt(services: Services, lease: Lease, **values: Any) -> None:

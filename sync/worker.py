@@ -1,19 +1,85 @@
-"""The worker process: RQ's HerokuWorker that also keeps the maintenance pass scheduled."""
+"""The worker process: RQ's HerokuWorker that also runs the maintenance pass on its own timer.
+
+The maintenance thread lives in the worker's main process only; each work horse is forked
+without it and builds its own services (and database pool) on first use. When Redis goes away
+RQ's work loop gives up; this worker waits for Redis to answer again and goes back to work, so
+a Redis restart or flush never needs a process restart.
+"""
 
 from __future__ import annotations
 
+import time
+import uuid
 from typing import Any
 
+import redis.exceptions
+from rq.exceptions import StopRequested
 from rq.worker import HerokuWorker
 
-from sync import bootstrap, jobs, logs
+from config.settings import Settings
+from sync import bootstrap, logs, maintenance
+
+log = logs.get("worker")
+
+REDIS_WAIT_CAP = 5.0
 
 
 class SyncWorker(HerokuWorker):
-    """HerokuWorker (clean shutdown on SIGTERM) that schedules the sweeper when it starts."""
+    """HerokuWorker (on SIGTERM the horse gets ``shutdown_grace`` seconds to finish, then
+    ShutDownImminentException) with a maintenance thread, riding out Redis outages."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = Settings.from_env()
+        self.imminent_shutdown_delay = max(1, round(self.settings.shutdown_grace))
+        # RQ waits up to a minute between reconnects; come back within a sweep instead.
+        self.max_connection_wait_time = min(REDIS_WAIT_CAP, self.settings.sweep_interval)
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
-        """Schedule maintenance, then work as RQ does."""
+        """Start the maintenance thread (or, in burst mode, run one pass first), then work as
+        RQ does, starting again whenever RQ's loop ends because Redis went away."""
         logs.configure()
-        jobs.schedule_maintenance(bootstrap.from_env())
-        return bool(super().work(*args, **kwargs))
+        services = bootstrap.build(self.settings, role="maintenance")
+        burst = bool(kwargs.get("burst", args[0] if args else False))
+        loop = maintenance.MaintenanceLoop(services, owner=self.name)
+        if burst:
+            loop.tick()
+        else:
+            loop.start()
+        bounded = kwargs.get("max_jobs") is not None or kwargs.get("max_idle_time") is not None
+        try:
+            while True:
+                worked = self._work_once(*args, **kwargs)
+                if burst or bounded or self._shutdown_requested_date is not None:
+                    return worked
+                log.warning("worker.loop_ended", extra={"worker": self.name})
+                try:
+                    self._wait_for_redis()
+                except StopRequested:
+                    return worked
+        finally:
+            loop.stop()
+
+    def _work_once(self, *args: Any, **kwargs: Any) -> bool:
+        try:
+            return bool(super().work(*args, **kwargs))
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            log.warning("worker.redis_lost", extra={"worker": self.name}, exc_info=True)
+            return False
+
+    def _redis_answers(self) -> bool:
+        try:
+            return bool(self.connection.ping())
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+            return False
+
+    def _wait_for_redis(self) -> None:
+        """Wait until Redis answers, then come back under a new name (the old one may still be
+        registered as alive in a Redis that kept its data)."""
+        wait = 0.1
+        time.sleep(wait)  # never spin, whatever ended RQ's loop
+        while not self._redis_answers():
+            time.sleep(wait)
+            wait = min(wait * 2, self.max_connection_wait_time)
+        self.name = uuid.uuid4().hex
+        log.info("worker.redis_back", extra={"worker": self.name})

@@ -36,7 +36,7 @@ def create_app(services: Services | None = None) -> Flask:
     if services is None:
         settings = Settings.from_env()
         settings.require_webhook_token()
-        services = bootstrap.build(settings)
+        services = bootstrap.build(settings, role="web")
     else:
         services.settings.require_webhook_token()
     logs.configure()

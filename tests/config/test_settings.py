@@ -75,3 +75,16 @@ def test_malformed_numbers_are_refused_by_name(name: str, value: str) -> None:
     """A setting that is not a usable number is a start-up error naming it."""
     with pytest.raises(ConfigError, match=name):
         Settings.from_env({name: value})
+
+
+def test_default_lease_and_sweep_pick_up_a_dead_workers_task_within_about_ninety_seconds() -> None:
+    """A 60 s lease (heartbeat every 20 s) and a 30 s sweep; SIGTERM leaves a sync 20 s of
+    Heroku's 30 s grace."""
+    settings = Settings.from_env({})
+    assert (settings.lease_seconds, settings.sweep_interval) == (60.0, 30.0)
+    assert settings.lease_seconds + settings.sweep_interval <= 90.0
+    assert settings.shutdown_grace == 20.0
+    tuned = Settings.from_env(
+        {"SCRAPESYNC_LEASE_SECONDS": "1", "SCRAPESYNC_SHUTDOWN_GRACE_SECONDS": "5"}
+    )
+    assert (tuned.lease_seconds, tuned.shutdown_grace) == (1.0, 5.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from datetime import timedelta
@@ -16,6 +17,7 @@ from sync.bootstrap import Services
 from sync.models import MaintenanceRun, Observation, Run
 from sync.queue import RQDispatcher
 from tests.harness import (
+    API_TOKEN,
     at_time,
     attempts_of,
     drain,
@@ -81,11 +83,29 @@ def test_fifty_concurrent_duplicate_notifications_make_one_sync(
     assert observation_count(services) == 40
 
 
-def test_a_repeat_sync_of_unchanged_data_rewrites_nothing(
+def test_a_repeat_notification_of_an_unchanged_job_costs_one_call_and_downloads_nothing(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
-    """A second notification after the commit syncs again, finds every payload unchanged and
-    leaves the rows untouched."""
+    """A second notification after the commit syncs again: Cloud reports the job as it was, so
+    the attempt commits as unchanged with one API call and no download."""
+    job_id = _finished_job(cloud, n=25)
+    notify(web, job_id)
+    drain(services)
+    calls = len(cloud.requests)
+    notify(web, job_id)
+    drain(services)
+    first, second = attempts_of(services, f"job-{job_id}")
+    assert (first.outcome, second.outcome) == ("committed", "unchanged")
+    assert cloud.requests[calls:] == [("GET", f"/api/v1/scraping-job/{job_id}")]
+    task = task_of(services, f"job-{job_id}")
+    assert (task.state, task.synced_generation) == ("committed", 2)
+
+
+def test_a_forced_repeat_sync_of_unchanged_data_rewrites_nothing(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A forced repeat downloads and merges again, finds every payload unchanged and leaves the
+    rows untouched."""
     job_id = _finished_job(cloud, n=25)
     notify(web, job_id)
     drain(services)
@@ -94,7 +114,7 @@ def test_a_repeat_sync_of_unchanged_data_rewrites_nothing(
             session.execute(select(Observation.observation_key, Observation.last_changed_at)).all()
         )
     notify(web, job_id)
-    drain(services)
+    assert tasks.run_sync(services, f"job-{job_id}", force=True).outcome == "committed"
     _first, second = attempts_of(services, f"job-{job_id}")
     assert (second.inserted, second.updated, second.unchanged) == (0, 0, 25)
     assert task_of(services, f"job-{job_id}").synced_generation == 2
@@ -501,5 +521,179 @@ def test_the_sync_command_runs_a_job_in_the_foreground(
     assert "run products-" in result.output
     assert "published" in result.output
     again = CliRunner().invoke(main, ["sync", str(job_id)])
-    assert "inserted=0" in again.output
-    assert "unchanged=7" in again.output
+    assert again.exit_code == 0, again.output
+    assert f"job-{job_id}: unchanged" in again.output
+    assert "nothing downloaded" in again.output
+    forced = CliRunner().invoke(main, ["sync", str(job_id), "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert "inserted=0" in forced.output
+    assert "unchanged=7" in forced.output
+    downloads = [r for r in cloud.requests if r[1].endswith(f"{job_id}/json")]
+    assert len(downloads) == 2  # the first sync and the forced one
+
+
+def _downloads(cloud: CloudState, job_id: int) -> int:
+    return cloud.requests.count(("GET", f"/api/v1/scraping-job/{job_id}/json"))
+
+
+def test_a_hundred_duplicate_notifications_for_a_finished_job_download_it_once(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Cloud repeats notifications: 100 of them, arriving in waves while workers run, download
+    the job once; every later sync is one API call that finds the job unchanged."""
+    job_id = _finished_job(cloud, n=40)
+    key = f"job-{job_id}"
+    codes: list[int] = []
+
+    def deliver(barrier: threading.Barrier) -> None:
+        barrier.wait()
+        codes.append(notify(web, job_id).status_code)
+
+    for _wave in range(10):
+        barrier = threading.Barrier(10)
+        threads = [threading.Thread(target=deliver, args=(barrier,)) for _ in range(10)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        drain(services)
+    assert codes == [200] * 100
+    attempts = attempts_of(services, key)
+    assert attempts[0].outcome == "committed"
+    assert {a.outcome for a in attempts[1:]} == {"unchanged"}
+    assert len(attempts) >= 10  # a wave after a commit asks for a new sync, never a no-op
+    assert _downloads(cloud, job_id) == 1
+    assert cloud.requests.count(("GET", f"/api/v1/scraping-job/{job_id}")) == len(attempts)
+    assert task_of(services, key).state == "committed"
+    assert observation_count(services) == 40
+
+
+def test_a_notification_racing_a_reconcile_that_claimed_the_job_downloads_it_once(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Reconcile (run when a worker starts) finds the job and a worker claims it; the job's own
+    notification lands during that lease and asks for one more sync, which costs one call."""
+    import dataclasses
+
+    from sync import reconcile
+
+    job_id = _finished_job(cloud, n=6000)
+    key = f"job-{job_id}"
+    assert [w.job_id for w in reconcile.reconcile(services).wanted] == [job_id]
+
+    class NotifyMidDownload:
+        """Cloud's notification arrives while the worker downloads."""
+
+        def reached(self, name: str) -> None:
+            if name == "mid-download":
+                assert notify(web, job_id).status_code == 200
+
+    racing = dataclasses.replace(services, killpoints=NotifyMidDownload())  # type: ignore[arg-type]
+    first = tasks.run_sync(racing, key)
+    assert (first.outcome, first.state) == ("committed", "pending")
+    drain(services)
+    assert [a.outcome for a in attempts_of(services, key)] == ["committed", "unchanged"]
+    assert _downloads(cloud, job_id) == 1
+    assert observation_count(services) == 6000
+
+
+def test_continue_changes_what_cloud_reports_so_the_job_is_downloaded_again(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A job Cloud re-finished with more records (Continue) is not mistaken for a repeat."""
+    job_id = _finished_job(cloud, n=10)
+    notify(web, job_id)
+    drain(services)
+    cloud.continue_job(job_id, extra_records=[{"sku": "LATE-1", "price": "2", "retailer": "a"}])
+    cloud.finish_job(job_id)
+    notify(web, job_id)
+    drain(services)
+    assert [a.outcome for a in attempts_of(services, f"job-{job_id}")] == ["committed"] * 2
+    assert _downloads(cloud, job_id) == 2
+    assert observation_count(services) == 11
+
+
+def test_a_shutdown_in_the_middle_of_a_download_hands_the_task_back_at_once(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """RQ's ShutDownImminentException (a BaseException, raised by SIGTERM's grace running out)
+    records the attempt abandoned and releases the lease, due now and queued again."""
+    import dataclasses
+
+    from rq.exceptions import ShutDownImminentException
+
+    job_id = _finished_job(cloud, n=6000)
+    key = f"job-{job_id}"
+    notify(web, job_id)
+
+    class Shutdown:
+        """SIGTERM's grace runs out mid-download."""
+
+        def reached(self, name: str) -> None:
+            if name == "mid-download":
+                raise ShutDownImminentException("shut down imminent (signal: SIGALRM)", {})
+
+    stopping = dataclasses.replace(services, killpoints=Shutdown())  # type: ignore[arg-type]
+    with pytest.raises(ShutDownImminentException):
+        tasks.run_sync(stopping, key)
+    task = task_of(services, key)
+    assert (task.state, task.lease_owner, task.failure_count) == ("pending", None, 0)
+    assert task.next_attempt_at <= services.clock()
+    (attempt,) = attempts_of(services, key)
+    assert (attempt.outcome, attempt.error_class) == ("abandoned", "ShutDownImminentException")
+    assert observation_count(services) == 0
+    drain(services)  # queued again at once, not after the lease
+    assert [a.outcome for a in attempts_of(services, key)] == ["abandoned", "committed"]
+    assert observation_count(services) == 6000
+
+
+def test_a_429_without_retry_after_backs_off_longer_each_time_and_never_kills_the_task(
+    web: Flask, services: Services, cloud: CloudState, sleeps: list[float]
+) -> None:
+    """Cloud refuses with a bare 429 (no Retry-After, no reset): each attempt waits longer than
+    the last, up to the cap, and none of them counts against the failure budget."""
+    import dataclasses
+
+    import httpx
+
+    from simulator import create_app as create_simulator
+    from sync.bootstrap import worker_retry_policy
+    from sync.client import CloudClient
+
+    job_id = _finished_job(cloud, n=5)
+    key = f"job-{job_id}"
+    simulated = httpx.WSGITransport(app=create_simulator(cloud))
+    refused: list[str] = []
+
+    def bare_429(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith(f"scraping-job/{job_id}"):
+            refused.append(request.url.path)
+            return httpx.Response(429, json={"success": False, "error": "Too Many Attempts."})
+        return simulated.handle_request(request)
+
+    def client() -> CloudClient:
+        return CloudClient(
+            token=API_TOKEN,
+            base_url="http://cloud.test/api/v1/",
+            transport=httpx.MockTransport(bare_429),
+            retry=worker_retry_policy(),
+            sleep=sleeps.append,
+        )
+
+    throttled = dataclasses.replace(services, cloud=client)
+    notify(web, job_id)
+    waits: list[float] = []
+    now = services.clock()
+    for _ in range(9):
+        result = tasks.run_sync(at_time(throttled, now), key)
+        assert (result.outcome, result.next_attempt_at is not None) == ("retry_wait", True)
+        assert result.next_attempt_at is not None
+        waits.append((result.next_attempt_at - now).total_seconds())
+        now = result.next_attempt_at + timedelta(seconds=1)
+    assert all(later > earlier for earlier, later in itertools.pairwise(waits[:6]))
+    assert waits[0] >= tasks.BACKOFF_BASE
+    assert max(waits) <= tasks.BACKOFF_CAP
+    assert waits[-1] >= tasks.BACKOFF_CAP / 2
+    task = task_of(services, key)
+    assert (task.state, task.failure_count) == ("retry_wait", 0)
+    assert len(refused) == 9 * worker_retry_policy().max_attempts
