@@ -14,6 +14,7 @@ import pytest
 
 from simulator import CloudState
 from simulator.server import SimServer
+from sync.db import UnitOfWork
 from tests.harness import BIN, deployment_env, products_sitemap
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
@@ -56,8 +57,9 @@ def piped(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[s
 
 
 @pytest.fixture
-def env(tmp_path: Path, database_url: str, sim: SimServer) -> dict[str, str]:
-    """The environment of an operator's shell on this deployment."""
+def env(tmp_path: Path, database_url: str, sim: SimServer, uow: UnitOfWork) -> dict[str, str]:
+    """The environment of an operator's shell on this deployment (over empty tables: each
+    test's simulated Cloud numbers its jobs from 1001 again)."""
     return deployment_env(tmp_path, database_url=database_url, sim=sim)
 
 
