@@ -68,6 +68,9 @@ class Settings:
     sweep_interval: float = 30.0
     reconcile_interval: float = 900.0
     max_sync_attempts: int = 12
+    max_record_line_bytes: int = 4 * 1024 * 1024
+    max_record_bytes: int = 1024 * 1024
+    unknown_status_seconds: float = 3600.0
     export_dir: Path = Path("exports")
     shutdown_grace: float = 20.0
     kill_at: str | None = None
@@ -99,6 +102,11 @@ class Settings:
             sweep_interval=_number(env, "SCRAPESYNC_SWEEP_SECONDS", 30.0),
             reconcile_interval=_number(env, "SCRAPESYNC_RECONCILE_SECONDS", 900.0),
             max_sync_attempts=int(_number(env, "SCRAPESYNC_MAX_SYNC_ATTEMPTS", 12)),
+            max_record_line_bytes=int(
+                _number(env, "SCRAPESYNC_MAX_RECORD_LINE_BYTES", 4 * 1024 * 1024)
+            ),
+            max_record_bytes=int(_number(env, "SCRAPESYNC_MAX_RECORD_BYTES", 1024 * 1024)),
+            unknown_status_seconds=_number(env, "SCRAPESYNC_UNKNOWN_STATUS_SECONDS", 3600.0),
             export_dir=Path(env.get("SCRAPESYNC_EXPORT_DIR") or "exports"),
             kill_at=env.get("SCRAPESYNC_KILL_AT") or None,
             kill_once_marker=env.get("SCRAPESYNC_KILL_ONCE_MARKER") or None,

@@ -126,6 +126,9 @@ class ImportFacts:
     missing_key: int = 0
     distinct_keys: int = 0
     conflicting_duplicates: int = 0
+    # records set aside as invalid, by reason: per partition, and those of no usable partition
+    invalid_partitions: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    invalid_unplaced: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -593,6 +596,51 @@ def entity_key_reasons(facts: ImportFacts, quality: Quality) -> list[Reason]:
             detail={"records": facts.missing_key, "read": facts.records_read},
         )
     ]
+
+
+def invalid_record_reasons(facts: ImportFacts, quality: Quality) -> list[Reason]:
+    """Records set aside with no usable partition (a line too long or unreadable, a partition
+    value too wide) count against the whole run."""
+    count = sum(facts.invalid_unplaced.values())
+    got = percent(count, facts.records_read)
+    if not count or got <= quality.max_invalid_records_percent:
+        return []
+    kinds = ", ".join(f"{n} {reason}" for reason, n in sorted(facts.invalid_unplaced.items()))
+    return [
+        Reason(
+            "invalid_records",
+            f"{count} of {facts.records_read} records could not be stored ({kinds}; {got}% > "
+            f"{_num(quality.max_invalid_records_percent)}%)",
+            got=got,
+            expected=_num(quality.max_invalid_records_percent),
+            detail={"records": count, "read": facts.records_read, **facts.invalid_unplaced},
+        )
+    ]
+
+
+def invalid_partition_reasons(
+    partition: str, stored: int, invalid: Mapping[str, int], quality: Quality
+) -> list[Reason]:
+    """A partition's records set aside as invalid (e.g. a NUL in a value), per reason, against
+    all the partition's records."""
+    total = stored + sum(invalid.values())
+    limit = quality.max_invalid_records_percent
+    reasons = []
+    for reason, count in sorted(invalid.items()):
+        got = percent(count, total)
+        if count and got > limit:
+            reasons.append(
+                Reason(
+                    "invalid_records",
+                    f"{count} of {total} records set aside as invalid ({reason}; {got}% > "
+                    f"{_num(limit)}%)",
+                    got=got,
+                    expected=_num(limit),
+                    partition=partition,
+                    detail={"records": count, "of": total, "reason": reason},
+                )
+            )
+    return reasons
 
 
 def duplicate_reasons(facts: ImportFacts, quality: Quality) -> list[Reason]:
@@ -1068,13 +1116,19 @@ def judge(
     for check in partition_checks:
         if check.reason is not None and check.reason.partition is not None:
             by_partition.setdefault(check.reason.partition, []).append(check.reason)
-    names = sorted(set(tallies) | set(by_partition))
+    names = sorted(set(tallies) | set(by_partition) | set(imports.invalid_partitions))
     partitions = tuple(
         PartitionJudgement(
             name,
             tallies[name].records if name in tallies else 0,
             (
                 *(partition_reasons(tallies[name], quality) if name in tallies else ()),
+                *invalid_partition_reasons(
+                    name,
+                    tallies[name].records if name in tallies else 0,
+                    imports.invalid_partitions.get(name, {}),
+                    quality,
+                ),
                 *by_partition.get(name, ()),
             ),
         )
@@ -1100,6 +1154,7 @@ def judge(
         *page_counter_reasons(jobs, quality),
         *[r for r in cloud if not is_waiting(r)],
         *entity_key_reasons(imports, quality),
+        *invalid_record_reasons(imports, quality),
         *duplicate_reasons(imports, quality),
         *record_count_reasons(counted, None, quality),
         *([drop.reason] if drop is not None and drop.reason is not None else []),

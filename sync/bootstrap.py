@@ -132,6 +132,7 @@ def build(
             transport=transport,
             budget=budget,
             retry=worker_retry_policy(),
+            max_line_bytes=settings.max_record_line_bytes,
             sleep=sleep,
         )
 

@@ -163,6 +163,8 @@ def sync_command(job_id: int, force: bool) -> None:
             f" run={result.run_id} read={result.records_read} inserted={c.inserted} "
             f"updated={c.updated} unchanged={c.unchanged} missing_key={result.missing_key}"
         )
+        if result.invalid:
+            line += f" invalid={result.invalid}"
     if result.outcome == "unchanged":
         line += (
             f" run={result.run_id}: Cloud reports the job as at its last sync; nothing downloaded "

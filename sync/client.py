@@ -190,12 +190,18 @@ class RetryPolicy:
 # --- domain values ----------------------------------------------------------------------------
 
 
+MAX_COUNTER: Final = 2**63 - 1  # the widest integer column
+MAX_TIMESTAMP: Final = 253402300799  # 9999-12-31T23:59:59Z, the last second a datetime holds
+
+
 def _as_int(value: Any, default: int = 0) -> int:
     if value is None or value == "":
         return default
+    if isinstance(value, int):
+        return value
     try:
         return int(float(value))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return default
 
 
@@ -217,27 +223,44 @@ class ScrapingJob:
     stored_record_count: int
     scraping_duration: int
     raw: Mapping[str, Any] = field(repr=False, compare=False)
+    problems: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
     def from_api(cls, data: Mapping[str, Any]) -> ScrapingJob:
-        """Build a scraping job from Cloud's job object; an empty custom_id becomes None."""
+        """Build a scraping job from Cloud's job object; an empty custom_id becomes None. A
+        counter outside 0..2**63-1 or a time_created that is no date is kept out (0, None) and
+        named in ``problems``."""
+        problems: list[str] = []
+
+        def counter(name: str) -> int:
+            value = _as_int(data.get(name))
+            if not 0 <= value <= MAX_COUNTER:
+                problems.append(f"{name} = {value} is out of range")
+                return 0
+            return value
+
         custom_id = data.get("custom_id")
-        time_created = data.get("time_created")
+        raw_created = data.get("time_created")
+        time_created = None if raw_created in (None, "") else _as_int(raw_created)
+        if time_created is not None and not 0 <= time_created <= MAX_TIMESTAMP:
+            problems.append(f"time_created = {raw_created!r} is not a date")
+            time_created = None
         return cls(
             id=_as_int(data.get("id")),
             sitemap_id=_as_int(data.get("sitemap_id")),
             sitemap_name=str(data.get("sitemap_name") or ""),
             status=str(data.get("status") or ""),
             custom_id=str(custom_id) if custom_id not in (None, "") else None,
-            time_created=None if time_created in (None, "") else _as_int(time_created),
-            jobs_scheduled=_as_int(data.get("jobs_scheduled")),
-            jobs_executed=_as_int(data.get("jobs_executed")),
-            jobs_failed=_as_int(data.get("jobs_failed")),
-            jobs_empty=_as_int(data.get("jobs_empty")),
-            jobs_no_value=_as_int(data.get("jobs_no_value")),
-            stored_record_count=_as_int(data.get("stored_record_count")),
-            scraping_duration=_as_int(data.get("scraping_duration")),
+            time_created=time_created,
+            jobs_scheduled=counter("jobs_scheduled"),
+            jobs_executed=counter("jobs_executed"),
+            jobs_failed=counter("jobs_failed"),
+            jobs_empty=counter("jobs_empty"),
+            jobs_no_value=counter("jobs_no_value"),
+            stored_record_count=counter("stored_record_count"),
+            scraping_duration=counter("scraping_duration"),
             raw=MappingProxyType(dict(data)),
+            problems=tuple(problems),
         )
 
     @property
@@ -312,6 +335,30 @@ class _TokenTransport(httpx.BaseTransport):
         return f"<_TokenTransport api_token=*** inner={type(self._inner).__name__}>"
 
 
+INFLATE_PIECE: Final = 1 << 20
+DEFAULT_MAX_LINE_BYTES: Final = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedLine:
+    """A line of an export that was not kept: longer than the limit (streamed past, never held
+    whole) or not UTF-8. ``size`` is its length in bytes, line break included."""
+
+    size: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidRecord:
+    """A line of a scraping job's export that cannot be stored: its line number, a stable
+    reason code and what was wrong."""
+
+    line: int
+    reason: str
+    detail: str
+    partition: str | None = None
+
+
 class _Gunzip:
     """Incremental gzip decoder that can tell a complete stream from one cut short."""
 
@@ -319,20 +366,51 @@ class _Gunzip:
         self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
         self._started = False
 
-    def feed(self, chunk: bytes) -> bytes:
-        """Decompress one chunk of the wire body (members may follow one another)."""
-        out = bytearray()
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        """Decompress one chunk of the wire body (members may follow one another) in pieces of
+        at most INFLATE_PIECE bytes, so a small chunk that inflates to gigabytes (a gzip bomb)
+        never sits in memory at once."""
         while chunk:
             if self._decoder.eof:  # a second gzip member follows the first
                 self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
             self._started = True
-            out += self._decoder.decompress(chunk)
-            chunk = self._decoder.unused_data if self._decoder.eof else b""
-        return bytes(out)
+            piece = self._decoder.decompress(chunk, INFLATE_PIECE)
+            if piece:
+                yield piece
+            if self._decoder.eof:
+                chunk = self._decoder.unused_data
+            else:
+                chunk = self._decoder.unconsumed_tail
 
     def complete(self) -> bool:
         """Whether the stream ended on a gzip member's trailer (or never started)."""
         return not self._started or self._decoder.eof
+
+
+def _split_block(pending: bytearray, cut: int, limit: int) -> Iterator[str | SkippedLine]:
+    """The complete lines of ``pending[: cut + 1]``, each ending in a line break; a line over
+    ``limit`` bytes or not UTF-8 becomes a SkippedLine."""
+    block = bytes(pending[: cut + 1])
+    try:  # a block that ends on a line break never splits a UTF-8 character
+        lines = block.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        lines = None
+    if lines is not None:
+        lines.pop()
+        for line in lines:
+            if len(line) > limit // 4 and len(line.encode()) > limit:
+                yield SkippedLine(len(line.encode()) + 1, "line_too_long")
+            else:
+                yield line + "\n"
+        return
+    for raw in block.split(b"\n")[:-1]:  # find the lines that are not UTF-8
+        if len(raw) > limit:
+            yield SkippedLine(len(raw) + 1, "line_too_long")
+            continue
+        try:
+            yield raw.decode("utf-8") + "\n"
+        except UnicodeDecodeError:
+            yield SkippedLine(len(raw) + 1, "not_utf8")
 
 
 def _header_float(headers: httpx.Headers, name: str) -> float | None:
@@ -392,6 +470,7 @@ class CloudClient:
         retry: RetryPolicy | None = None,
         timeout: float = 30.0,
         download_timeout: float = 600.0,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -405,6 +484,7 @@ class CloudClient:
         self._sleep = sleep
         self._clock = clock
         self._download_timeout = httpx.Timeout(timeout, read=download_timeout)
+        self._max_line_bytes = max_line_bytes
         # Told how far long work has come: ("records", read, stored_record_count) while an
         # export streams, (list path, page, last_page) while a listing pages. For progress bars.
         self.progress: ProgressHook | None = None
@@ -443,6 +523,8 @@ class CloudClient:
         """Ask Cloud for one scraping job's current state."""
         path = f"scraping-job/{_id(job_id)}"
         job = ScrapingJob.from_api(self._object(self._call("GET", path)["data"], "GET", path))
+        if job.id != job_id:  # never take another job's state (or, later, its export) for this one
+            raise CloudError(f"GET {path}: Cloud answered with scraping job {job.id}")
         self._record_counts[job.id] = job.stored_record_count
         return job
 
@@ -503,7 +585,22 @@ class CloudClient:
         return job_id
 
     def iter_records(self, job_id: int) -> Iterator[dict[str, Any]]:
-        """Stream a scraping job's records from the gzip JSON Lines export, one at a time."""
+        """Stream a scraping job's records from the gzip JSON Lines export, one at a time; a
+        line that is no storable record raises CloudError (see iter_export to set it aside)."""
+        for number, item in self.iter_export(job_id):
+            if isinstance(item, InvalidRecord):
+                what = (
+                    "is not a JSON object"
+                    if item.reason in ("not_json", "not_an_object")
+                    else f"is invalid ({item.reason}: {item.detail})"
+                )
+                raise CloudError(f"GET scraping-job/{job_id}/json: line {number} {what}")
+            yield item
+
+    def iter_export(self, job_id: int) -> Iterator[tuple[int, dict[str, Any] | InvalidRecord]]:
+        """Stream a scraping job's JSON Lines export as (line number, record); a line that is
+        too long, not UTF-8, not JSON or not an object comes as an InvalidRecord instead, and
+        the stream goes on. Blank lines are skipped."""
         path = f"scraping-job/{_id(job_id)}/json"
         number = 0
         progress, total = self.progress, self._record_counts.get(job_id)
@@ -511,17 +608,24 @@ class CloudClient:
             number += 1
             if progress is not None and number % PROGRESS_EVERY == 0:
                 progress("records", number, total)
+            if isinstance(line, SkippedLine):
+                limit = f"the limit is {self._max_line_bytes} bytes"
+                detail = f"{line.size} bytes; {limit}" if line.reason == "line_too_long" else ""
+                yield number, InvalidRecord(number, line.reason, detail or "not UTF-8")
+                continue
             if number == 1:
                 line = line.removeprefix("\ufeff")
             if not line.strip():
                 continue
             try:
                 record = orjson.loads(line)  # several times faster than json on big exports
-            except orjson.JSONDecodeError:
-                record = None
+            except orjson.JSONDecodeError as exc:
+                yield number, InvalidRecord(number, "not_json", str(exc)[:200])
+                continue
             if not isinstance(record, dict):
-                raise CloudError(f"GET {path}: line {number} is not a JSON object")
-            yield record
+                yield number, InvalidRecord(number, "not_an_object", type(record).__name__)
+                continue
+            yield number, record
         if progress is not None:
             progress("records", number, total)
 
@@ -534,6 +638,8 @@ class CloudClient:
             nonlocal at_end
             first = True
             for line in self._download_lines(path, final_line_ok=lambda _: True):
+                if isinstance(line, SkippedLine):
+                    raise CloudError(f"GET {path}: a line is {line.reason.replace('_', ' ')}")
                 if first:
                     line = line.removeprefix("\ufeff")
                     first = False
@@ -657,7 +763,9 @@ class CloudClient:
 
     # --- downloads ----------------------------------------------------------------------------
 
-    def _download_lines(self, path: str, *, final_line_ok: Callable[[str], bool]) -> Iterator[str]:
+    def _download_lines(
+        self, path: str, *, final_line_ok: Callable[[str], bool]
+    ) -> Iterator[str | SkippedLine]:
         started = self._clock()
         attempt = 0
         yielded = False
@@ -676,7 +784,9 @@ class CloudClient:
                 raise failure
             self._wait_or_raise(failure, wait, attempt, started, "GET", path)
 
-    def _download_once(self, path: str, final_line_ok: Callable[[str], bool]) -> Iterator[str]:
+    def _download_once(
+        self, path: str, final_line_ok: Callable[[str], bool]
+    ) -> Iterator[str | SkippedLine]:
         self._acquire()
         request = self._http.build_request(
             "GET", path, headers={"Accept-Encoding": "gzip"}, timeout=self._download_timeout
@@ -693,18 +803,20 @@ class CloudClient:
 
     def _body_lines(
         self, response: httpx.Response, path: str, final_line_ok: Callable[[str], bool]
-    ) -> Iterator[str]:
+    ) -> Iterator[str | SkippedLine]:
         encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
         if encoding not in ("gzip", "identity", ""):
             raise CloudError(f"GET {path}: unexpected Content-Encoding {encoding!r}")
         gunzip = _Gunzip() if encoding == "gzip" else None
         length = response.headers.get("Content-Length")
         expected = int(length) if length is not None and length.isdigit() else None
+        limit = self._max_line_bytes
         received = 0
         pending = bytearray()
+        skipping = -1  # bytes of an over-long line streamed past so far; -1: not skipping
         chunks = response.iter_raw()
         failure: CloudError | None = None
-        while True:
+        while failure is None:
             try:
                 chunk = next(chunks, None)
             except (httpx.HTTPError, OSError) as exc:
@@ -716,28 +828,31 @@ class CloudClient:
             if chunk is None:
                 break
             received += len(chunk)
-            if gunzip is not None:
+            pieces: Iterator[bytes] = iter((chunk,)) if gunzip is None else gunzip.feed(chunk)
+            while True:
                 try:
-                    data = gunzip.feed(chunk)
+                    data = next(pieces, None)
                 except zlib.error:
                     failure = DownloadIncompleteError(f"GET {path}: gzip stream is corrupt")
                     break
-            else:
-                data = chunk
-            pending += data
-            cut = pending.rfind(b"\n")
-            if cut < 0:
-                continue
-            try:  # a block that ends on a line break never splits a UTF-8 character
-                block = pending[: cut + 1].decode("utf-8")
-            except UnicodeDecodeError as exc:
-                failure = CloudError(f"GET {path}: export is not UTF-8 ({exc.reason})")
-                break
-            del pending[: cut + 1]
-            lines = block.split("\n")
-            lines.pop()
-            for line in lines:
-                yield line + "\n"
+                if data is None:
+                    break
+                if skipping >= 0:  # inside an over-long line: drop bytes up to its line break
+                    end = data.find(b"\n")
+                    if end < 0:
+                        skipping += len(data)
+                        continue
+                    yield SkippedLine(skipping + end + 1, "line_too_long")
+                    skipping = -1
+                    data = data[end + 1 :]
+                pending += data
+                cut = pending.rfind(b"\n")
+                if cut >= 0:
+                    yield from _split_block(pending, cut, limit)
+                    del pending[: cut + 1]
+                if len(pending) > limit:  # the line under way is already too long
+                    skipping = len(pending)
+                    pending.clear()
         if failure is None and expected is not None and received < expected:
             failure = DownloadIncompleteError(
                 f"GET {path}: body has {received} of {expected} bytes (Content-Length)"
@@ -754,6 +869,8 @@ class CloudClient:
             failure = DownloadIncompleteError(f"GET {path}: last line is cut short")
         if failure is not None:
             raise failure
+        if skipping >= 0:
+            yield SkippedLine(skipping, "line_too_long")
         if last:
             yield last
 

@@ -126,12 +126,12 @@ class ScrapingJob(Base):
     sitemap_name: Mapped[str | None] = mapped_column(String(200))
     custom_id: Mapped[str | None] = mapped_column(String(200))
     status: Mapped[str | None] = mapped_column(String(40))
-    jobs_scheduled: Mapped[int] = mapped_column(Integer, default=0)
-    jobs_executed: Mapped[int] = mapped_column(Integer, default=0)
-    jobs_failed: Mapped[int] = mapped_column(Integer, default=0)
-    jobs_empty: Mapped[int] = mapped_column(Integer, default=0)
-    jobs_no_value: Mapped[int] = mapped_column(Integer, default=0)
-    stored_record_count: Mapped[int] = mapped_column(Integer, default=0)
+    jobs_scheduled: Mapped[int] = mapped_column(BigInteger, default=0)
+    jobs_executed: Mapped[int] = mapped_column(BigInteger, default=0)
+    jobs_failed: Mapped[int] = mapped_column(BigInteger, default=0)
+    jobs_empty: Mapped[int] = mapped_column(BigInteger, default=0)
+    jobs_no_value: Mapped[int] = mapped_column(BigInteger, default=0)
+    stored_record_count: Mapped[int] = mapped_column(BigInteger, default=0)
     time_created: Mapped[datetime | None]
     first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -209,6 +209,10 @@ class Attempt(Base):
     protected: Mapped[int] = mapped_column(Integer, default=0)
     duplicate_keys: Mapped[int] = mapped_column(Integer, default=0)
     conflicting_duplicates: Mapped[int] = mapped_column(Integer, default=0)
+    invalid_records: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # the records set aside: {"partitions": {name: {reason: n}}, "unplaced": {reason: n},
+    # "lines": [{"line", "reason", "detail", "partition"}, ...] (the first few)}
+    invalid_detail: Mapped[dict[str, Any] | None] = mapped_column(ScrubbedPayload)
 
 
 class Observation(Base):

@@ -456,12 +456,27 @@ def _import_facts(session: Session, run_id: str) -> ImportFacts:
     read = sum(a.records_read for a in latest.values())
     missing = sum(a.missing_key for a in latest.values())
     duplicates = sum(a.duplicate_keys for a in latest.values())
+    invalid = sum(a.invalid_records for a in latest.values())
+    partitions: dict[str, dict[str, int]] = {}
+    unplaced: dict[str, int] = {}
+    for attempt in latest.values():
+        detail = attempt.invalid_detail or {}
+        for name, reasons in (detail.get("partitions") or {}).items():
+            _add_counts(partitions.setdefault(name, {}), reasons)
+        _add_counts(unplaced, detail.get("unplaced") or {})
     return ImportFacts(
         records_read=read,
         missing_key=missing,
-        distinct_keys=read - missing - duplicates,
+        distinct_keys=read - missing - duplicates - invalid,
         conflicting_duplicates=sum(a.conflicting_duplicates for a in latest.values()),
+        invalid_partitions=partitions,
+        invalid_unplaced=unplaced,
     )
+
+
+def _add_counts(into: dict[str, int], counts: Mapping[str, int]) -> None:
+    for reason, n in counts.items():
+        into[reason] = into.get(reason, 0) + int(n)
 
 
 def _tally(

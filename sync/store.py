@@ -9,6 +9,7 @@ matches no row, so its transaction rolls back and writes nothing.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -29,6 +30,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from sync.client import InvalidRecord
 from sync.client import ScrapingJob as CloudJob
 from sync.models import Attempt, Notification, Run, ScrapingJob, SyncTask, UTCDateTime
 
@@ -372,6 +374,15 @@ def settle_task(
     return bool(result.rowcount)  # type: ignore[attr-defined]
 
 
+def first_attempt_at(session: Session, task_key: str, generation: int) -> datetime | None:
+    """When the task's first attempt at this generation started."""
+    return session.execute(
+        select(func.min(Attempt.started_at)).where(
+            Attempt.task_key == task_key, Attempt.generation == generation
+        )
+    ).scalar_one_or_none()
+
+
 def finish_attempt(session: Session, attempt_id: str, *, now: datetime, **values: Any) -> None:
     """Write an attempt's outcome, error class and counts."""
     session.execute(
@@ -411,6 +422,82 @@ def save_scraping_job(
 
 
 # --- observations -------------------------------------------------------------------------------
+
+
+# --- records that cannot be stored ---------------------------------------------------------------
+
+PARTITION_LIMIT = 200  # the width of observations.partition and partition_verdicts.partition
+INVALID_SAMPLES = 20  # lines kept, with their numbers, in an attempt's invalid_detail
+
+
+def record_problem(
+    record: Mapping[str, Any],
+    *,
+    partition: str | None,
+    canonical: str,
+    start_url: str | None,
+    max_record_bytes: int,
+) -> tuple[str, str] | None:
+    """Why a parsed record cannot be staged (reason code, detail), or None when it can: a NUL
+    character in a key or value (no database text holds one), a partition value wider than its
+    column, or a record over the size limit. (Unreadable lines are caught while the export is
+    read.)"""
+    if ("\\u0000" in canonical or "\x00" in (start_url or "")) and _has_nul(record):
+        return "nul_character", "a key or value holds a NUL character"
+    if partition is not None and len(partition) > PARTITION_LIMIT:
+        return (
+            "partition_too_long",
+            f"partition value has {len(partition)} characters; at most {PARTITION_LIMIT} fit",
+        )
+    if len(canonical) > max_record_bytes // 4:
+        size = len(canonical.encode())
+        if size > max_record_bytes:
+            return "record_too_large", f"{size} bytes; the limit is {max_record_bytes} bytes"
+    return None
+
+
+def _has_nul(value: Any) -> bool:
+    """Whether a NUL character hides in any key or string of a parsed record."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any("\x00" in str(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+class SetAside:
+    """The records one sync set aside as invalid, counted per partition and reason (records
+    whose partition is unknown or unusable are "unplaced"), with the first few lines."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.partitions: dict[str, dict[str, int]] = {}
+        self.unplaced: dict[str, int] = {}
+        self.lines: list[dict[str, Any]] = []
+
+    def add(self, item: InvalidRecord) -> None:
+        """Count one invalid record."""
+        self.count += 1
+        usable = item.partition is not None and len(item.partition) <= PARTITION_LIMIT
+        bucket = self.partitions.setdefault(str(item.partition), {}) if usable else self.unplaced
+        bucket[item.reason] = bucket.get(item.reason, 0) + 1
+        if len(self.lines) < INVALID_SAMPLES:
+            self.lines.append(
+                {
+                    "line": item.line,
+                    "reason": item.reason,
+                    "detail": item.detail,
+                    "partition": item.partition if usable else None,
+                }
+            )
+
+    def as_detail(self) -> dict[str, Any] | None:
+        """What the attempt stores in invalid_detail (None when nothing was set aside)."""
+        if not self.count:
+            return None
+        return {"partitions": self.partitions, "unplaced": self.unplaced, "lines": self.lines}
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, OperationalError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
@@ -41,6 +41,7 @@ from sync.client import (
     CloudNotFoundError,
     CloudRateLimitedError,
     CloudValidationError,
+    InvalidRecord,
     ScrapingJob,
 )
 from sync.client import backoff as jittered
@@ -69,6 +70,14 @@ class NoDatasetError(Exception):
     """The job's sitemap feeds no configured dataset."""
 
 
+class UnusableJobError(Exception):
+    """What Cloud says about the job cannot be used (a counter or time out of range, a status
+    nobody knows for too long), and asking again will not change that."""
+
+
+PERMANENT = (CloudAuthError, CloudValidationError, NoDatasetError, UnusableJobError, DataError)
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a scraping job's records go: dataset, run and collection window."""
@@ -92,6 +101,7 @@ class SyncResult:
     counts: UpsertCounts | None = None
     records_read: int = 0
     missing_key: int = 0
+    invalid: int = 0
     error: str | None = None
 
 
@@ -135,7 +145,7 @@ def classify(exc: BaseException, *, failures: int, draw: float, throttled: int =
     many attempts in a row before this one Cloud or the budget refused)."""
     if isinstance(exc, JobNotFinishedError):
         return Verdict("retry_wait", min(POLL_CAP, POLL_BASE * 2.0 ** min(failures, 10)), False)
-    if isinstance(exc, CloudAuthError | CloudValidationError | NoDatasetError):
+    if isinstance(exc, PERMANENT):  # retrying cannot fix these: quarantined at once
         return Verdict("quarantined", None, False)
     if isinstance(exc, CloudNotFoundError):
         return Verdict("gone", None, False)
@@ -166,7 +176,7 @@ def resolve_target(services: Services, job: ScrapingJob) -> Target:
             launch = session.get(Launch, job.custom_id)
             run_id = launch.run_id if launch is not None else job.custom_id
             run = session.get(Run, run_id)
-            if run is not None and run.dataset in services.datasets.by_name:
+            if run is not None and _feeds(services, run.dataset, job):
                 recovery = launch if launch is not None and launch.kind == "rerun" else None
                 frozen = (recovery.manifest or {}).get("partitions", {}) if recovery else {}
                 return Target(
@@ -191,6 +201,32 @@ def resolve_target(services: Services, job: ScrapingJob) -> Target:
     return Target(dataset, dataset.run_id_for(window), window, None)
 
 
+def _feeds(services: Services, dataset: str, job: ScrapingJob) -> bool:
+    """Whether the job's sitemap is the one the dataset is collected with: a custom_id alone
+    never links a job from another sitemap to a dataset's run."""
+    if dataset not in services.datasets.by_name:
+        return False
+    return services.datasets.get(dataset).matches_sitemap(job.sitemap_id, job.sitemap_name)
+
+
+def _check_job(services: Services, lease: Lease, job: ScrapingJob) -> None:
+    """Refuse a job Cloud describes in a way no sync can use."""
+    if job.problems:
+        raise UnusableJobError(
+            f"scraping job {job.id}: Cloud's answer cannot be stored: {'; '.join(job.problems)}"
+        )
+    if job.is_terminal or job.is_running:
+        return
+    with services.uow.begin() as session:
+        since = store.first_attempt_at(session, lease.task_key, lease.generation)
+    waited = (services.clock() - since).total_seconds() if since is not None else 0.0
+    if waited >= services.settings.unknown_status_seconds:
+        raise UnusableJobError(
+            f"scraping job {job.id}: Cloud has reported the unknown status {job.status!r} for "
+            f"{waited:.0f} s (limit {services.settings.unknown_status_seconds:.0f} s)"
+        )
+
+
 def run_sync(services: Services, task_key: str, *, force: bool = False) -> SyncResult:
     """Run the sync task ``task_key`` once, whatever state it is in; ``force`` downloads and
     merges the job's data even when Cloud reports it unchanged since the last sync."""
@@ -212,6 +248,7 @@ def run_sync(services: Services, task_key: str, *, force: bool = False) -> SyncR
         services.killpoints.reached("after-lease")
         with services.cloud() as cloud:
             job = cloud.get_job(lease.job_id)
+            _check_job(services, lease, job)
             target = resolve_target(services, job)
             if not job.is_terminal:
                 raise JobNotFinishedError(
@@ -232,7 +269,7 @@ def run_sync(services: Services, task_key: str, *, force: bool = False) -> SyncR
         log.info(
             "attempt.settled", extra={**bound, "outcome": result.outcome, "error": result.error}
         )
-        if not isinstance(exc, CloudError | JobNotFinishedError | NoDatasetError):
+        if not isinstance(exc, (CloudError, JobNotFinishedError, *PERMANENT)):
             raise
         return result
     except BaseException as exc:  # SIGTERM's ShutDownImminentException, an interrupt
@@ -241,7 +278,12 @@ def run_sync(services: Services, task_key: str, *, force: bool = False) -> SyncR
         raise
     log.info(
         f"attempt.{result.outcome}",
-        extra={**bound, "run_id": result.run_id, "records": result.records_read},
+        extra={
+            **bound,
+            "run_id": result.run_id,
+            "records": result.records_read,
+            "invalid": result.invalid,
+        },
     )
     return result
 
@@ -328,14 +370,28 @@ def _import(
         last_beat = services.clock()
         identify = RecordIdentity(dataset, target.window)
         frozen = target.frozen_partitions
-        for record in cloud.iter_records(job.id):
+        invalid = store.SetAside()
+        for line, item in cloud.iter_export(job.id):
             read += 1
-            staged = identify(record)
+            if isinstance(item, InvalidRecord):
+                invalid.add(item)
+                continue
+            staged = identify(item)
             if staged is None:
                 missing += 1
                 continue
             if frozen and staged[2] in frozen:
                 protected += 1  # a recovery batch never rewrites a partition that passed
+                continue
+            problem = store.record_problem(
+                item,
+                partition=staged[2],
+                canonical=staged[4],
+                start_url=staged[3],
+                max_record_bytes=settings.max_record_bytes,
+            )
+            if problem is not None:  # set aside and counted: one bad record never sinks a job
+                invalid.add(InvalidRecord(line, *problem, partition=staged[2]))
                 continue
             stager.add(*staged)
             if read == stager.batch_size:
@@ -382,6 +438,8 @@ def _import(
             protected=protected,
             duplicate_keys=counts.duplicate_keys,
             conflicting_duplicates=counts.conflicting_duplicates,
+            invalid_records=invalid.count,
+            invalid_detail=invalid.as_detail(),
         )
         session.commit()
     services.killpoints.reached("after-commit")
@@ -399,6 +457,7 @@ def _import(
         counts=counts,
         records_read=read,
         missing_key=missing,
+        invalid=invalid.count,
     )
 
 
@@ -425,7 +484,7 @@ def _settle_failure(services: Services, lease: Lease, exc: BaseException) -> Syn
         state = "dead"
     next_at = now + timedelta(seconds=verdict.wait or 0.0)
     error_class = type(exc).__name__
-    message = str(exc)
+    message = _message(exc)
     status = exc.status if isinstance(exc, CloudError) else None
     with services.uow.begin() as session:
         settled = store.settle_task(
@@ -475,6 +534,15 @@ def _throttled_in_a_row(services: Services, lease: Lease) -> int:
                 break
             count += 1
         return count
+
+
+def _message(exc: BaseException) -> str:
+    """What an attempt stores about its failure: a database error's first line (never the
+    statement's parameters, which hold whole records), anything else bounded in length."""
+    if isinstance(exc, SQLAlchemyError):
+        text = str(getattr(exc, "orig", None) or exc).strip()
+        return (text.splitlines() or [type(exc).__name__])[0][:500]
+    return str(exc)[:2000]
 
 
 def _finish_attempt(services: Services, lease: Lease, **values: Any) -> None:

@@ -88,3 +88,19 @@ def test_default_lease_and_sweep_pick_up_a_dead_workers_task_within_about_ninety
         {"SCRAPESYNC_LEASE_SECONDS": "1", "SCRAPESYNC_SHUTDOWN_GRACE_SECONDS": "5"}
     )
     assert (tuned.lease_seconds, tuned.shutdown_grace) == (1.0, 5.0)
+
+
+def test_the_limits_on_clouds_exports_have_defaults_and_can_be_set() -> None:
+    """Record-line and record size caps and the unknown-status time: defaults, and overrides."""
+    default = Settings.from_env({})
+    assert (default.max_record_line_bytes, default.max_record_bytes) == (4 << 20, 1 << 20)
+    assert default.unknown_status_seconds == 3600.0
+    custom = Settings.from_env(
+        {
+            "SCRAPESYNC_MAX_RECORD_LINE_BYTES": "65536",
+            "SCRAPESYNC_MAX_RECORD_BYTES": "2048",
+            "SCRAPESYNC_UNKNOWN_STATUS_SECONDS": "600",
+        }
+    )
+    assert (custom.max_record_line_bytes, custom.max_record_bytes) == (65536, 2048)
+    assert custom.unknown_status_seconds == 600.0
