@@ -133,7 +133,11 @@ JOB_IDS = st.one_of(
     TEXT,
 )
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.floats(allow_nan=False), st.integers(-(2**63), 2**63 - 1), TEXT
+    st.none(),
+    st.booleans(),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.integers(-(2**63), 2**63 - 1),
+    TEXT,
 )
 JSON_VALUES = st.recursive(
     SCALARS,
