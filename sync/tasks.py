@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.exc import DataError, DBAPIError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
@@ -155,11 +155,11 @@ def classify(exc: BaseException, *, failures: int, draw: float, throttled: int =
         # Cloud named no wait: wait longer each time in a row (half of the ceiling at least),
         # never spending the failure budget
         return Verdict("retry_wait", backoff(throttled + 1, 0.5 + draw / 2), False)
-    if isinstance(exc, OperationalError) or (
-        isinstance(exc, DBAPIError) and exc.connection_invalidated
-    ):
-        # The database went away: not the job's fault; the sweep retries once it answers.
-        return Verdict("retry_wait", 0.0, False)
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        # The database went away (a restart, a failover): the first time, the next sweep
+        # retries as soon as it answers; a connection lost on every try backs off and counts,
+        # so a proxy that cuts long transactions cannot make the job download forever.
+        return Verdict("retry_wait", backoff(failures, draw) if failures else 0.0, True)
     if isinstance(exc, CloudError):
         wait = backoff(failures, draw)
         if exc.retry_after is not None:
@@ -322,8 +322,10 @@ def _record_fingerprint(session: Session, lease: Lease, fingerprint: str) -> Non
 
 def _abandon(services: Services, lease: Lease, exc: BaseException) -> None:
     """The attempt was interrupted (its worker is shutting down): record it abandoned and hand
-    the task back, due now, so the next worker need not wait for the lease to run out."""
+    the task back, due now, so the next worker need not wait for the lease to run out. An
+    attempt that had already committed (the interruption came after its commit) stays so."""
     now = services.clock()
+    reason = str(exc) or type(exc).__name__
     try:
         with services.uow.begin() as session:
             released = store.settle_task(
@@ -331,19 +333,20 @@ def _abandon(services: Services, lease: Lease, exc: BaseException) -> None:
                 lease,
                 state="pending",
                 error_class=type(exc).__name__,
-                error=str(exc) or type(exc).__name__,
+                error=reason,
                 next_attempt_at=now,
                 count_failure=False,
                 now=now,
             )
-            store.finish_attempt(
-                session,
-                lease.attempt_id,
-                now=now,
-                outcome="abandoned",
-                error_class=type(exc).__name__,
-                error=str(exc) or type(exc).__name__,
-            )
+            if released:
+                store.finish_attempt(
+                    session,
+                    lease.attempt_id,
+                    now=now,
+                    outcome="abandoned",
+                    error_class=type(exc).__name__,
+                    error=reason,
+                )
             session.commit()
         if released:
             _enqueue(services, lease.task_key)

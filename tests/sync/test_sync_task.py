@@ -697,3 +697,18 @@ def test_a_429_without_retry_after_backs_off_longer_each_time_and_never_kills_th
     task = task_of(services, key)
     assert (task.state, task.failure_count) == ("retry_wait", 0)
     assert len(refused) == 9 * worker_retry_policy().max_attempts
+
+
+def test_a_lost_database_connection_is_retried_at_the_next_sweep_then_backed_off() -> None:
+    """A connection the database dropped (a restart) makes the task due again at once; lost on
+    every try, it backs off and counts, so it cannot download forever."""
+    from sqlalchemy.exc import OperationalError
+
+    dropped = OperationalError(
+        "SELECT 1", {}, Exception("server closed the connection"), connection_invalidated=True
+    )
+    first = tasks.classify(dropped, failures=0, draw=0.5)
+    assert (first.state, first.wait, first.count_failure) == ("retry_wait", 0.0, True)
+    again = tasks.classify(dropped, failures=3, draw=0.5)
+    assert again.wait == tasks.backoff(3, 0.5) > 0
+    assert again.count_failure
