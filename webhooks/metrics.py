@@ -80,12 +80,20 @@ class ScrapesyncCollector:
         received.add_metric([], float(notifications.scalar_one()))
         yield received
 
+        # A running attempt still changes outcome, so it is a gauge; ended ones only add up.
+        outcomes = _grouped(session, Attempt.outcome)
+        running = outcomes.pop("running", 0)
         attempts = CounterMetricFamily(
-            "scrapesync_attempts", "Sync attempts by outcome", labels=["outcome"]
+            "scrapesync_attempts", "Ended sync attempts by outcome", labels=["outcome"]
         )
-        for outcome, count in sorted(_grouped(session, Attempt.outcome).items()):
+        for outcome, count in sorted(outcomes.items()):
             attempts.add_metric([outcome], float(count))
         yield attempts
+        yield GaugeMetricFamily(
+            "scrapesync_attempts_running",
+            "Sync attempts under way (or whose worker died before ending them)",
+            value=float(running),
+        )
 
         tasks = GaugeMetricFamily("scrapesync_tasks", "Sync tasks by state", labels=["state"])
         by_state = dict.fromkeys(TASK_STATES, 0) | _grouped(session, SyncTask.state)

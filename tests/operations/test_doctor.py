@@ -199,3 +199,28 @@ def test_a_fresh_database_fails_until_it_is_migrated_and_an_unknown_sitemap_fail
     assert upgrade.returncode == 0, upgrade.stderr
     again = doctor(tmp_path, url, account, GOOD_DATASETS)
     assert again.returncode == 0, again.stdout
+
+
+def test_a_broken_datasets_file_and_an_unreachable_redis_are_named(
+    tmp_path: Path, database_url: str, account: SimServer
+) -> None:
+    """The file's own error is shown with its path; a Redis that does not answer fails, and the
+    token is still checked (on this process's own budget)."""
+    broken = GOOD_DATASETS.replace('entity_key = ["sku"]', 'entity_key = ["web-scraper-order"]')
+    done = doctor(
+        tmp_path,
+        database_url,
+        account,
+        broken,
+        "--json",
+        REDIS_URL="redis://127.0.0.1:1/0?socket_connect_timeout=1",
+    )
+    assert done.returncode == 1
+    report = checks(done)
+    failed = sorted(name for name, check in report.items() if not check["ok"])
+    datasets = f"datasets file {tmp_path / 'datasets.toml'}"
+    assert failed == [datasets, "redis"]
+    assert "entity_key" in report[datasets]["detail"]
+    assert "products" in report[datasets]["detail"]
+    assert report["cloud token"]["ok"]
+    assert not any(name.startswith("dataset products") for name in report)

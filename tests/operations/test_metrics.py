@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
+from datetime import timedelta
 
 import pytest
 from flask import Flask
@@ -13,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from config.datasets import Datasets, parse_datasets
 from config.settings import Settings
 from simulator import CloudState
-from sync import bootstrap, jobs, outbox, reconcile
+from sync import bootstrap, jobs, outbox, reconcile, store
 from sync.bootstrap import Services
 from sync.budget import MemoryApiBudget
 from tests.acceptance.flow import (
@@ -24,7 +25,7 @@ from tests.acceptance.flow import (
     settle,
     wire_receiver,
 )
-from tests.harness import notify
+from tests.harness import at_time, notify
 from webhooks import create_app
 
 pytestmark = pytest.mark.redis
@@ -53,24 +54,25 @@ def receiver(services: Services) -> Receiver:
     return wire_receiver(services)
 
 
+def scraped(app: Flask) -> Samples:
+    """Scrape /metrics as Prometheus does and parse it with prometheus-client's own parser."""
+    response = app.test_client().get(
+        "/metrics", headers={"Authorization": f"Bearer {STATUS_TOKEN}"}
+    )
+    assert response.status_code == 200, response.get_data(as_text=True)
+    assert response.headers["Content-Type"].startswith("text/plain; version=")
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.get_data(as_text=True)):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
 @pytest.fixture
 def scrape(services: Services, receiver: Receiver) -> Callable[[], Samples]:
-    """Scrape /metrics as Prometheus does and parse it with prometheus-client's own parser."""
+    """A scrape of this deployment's web process."""
     app = guarded_app(services)
-
-    def scraped() -> Samples:
-        response = app.test_client().get(
-            "/metrics", headers={"Authorization": f"Bearer {STATUS_TOKEN}"}
-        )
-        assert response.status_code == 200, response.get_data(as_text=True)
-        assert response.headers["Content-Type"].startswith("text/plain; version=")
-        samples: Samples = {}
-        for family in text_string_to_metric_families(response.get_data(as_text=True)):
-            for sample in family.samples:
-                samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-        return samples
-
-    return scraped
+    return lambda: scraped(app)
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -107,6 +109,8 @@ def test_a_scrape_shows_notifications_attempts_tasks_runs_budget_and_ages(
     after = scrape()
     assert value(after, "scrapesync_notifications_received_total") == 2
     assert value(after, "scrapesync_attempts_total", outcome="committed") == 1
+    assert ("scrapesync_attempts_total", (("outcome", "running"),)) not in after
+    assert value(after, "scrapesync_attempts_running") == 0
     assert value(after, "scrapesync_tasks", state="committed") == 1
     assert value(after, "scrapesync_tasks", state="leased") == 0
     assert value(after, "scrapesync_oldest_lease_age_seconds") == 0
@@ -177,3 +181,22 @@ def test_two_web_processes_answer_the_same_figures(
         assert theirs[("scrapesync_runs", (("state", "published"),))] == 1
     finally:
         other.uow.engine.dispose()
+
+
+def test_a_lease_a_worker_holds_shows_its_age_and_a_running_attempt(
+    services: Services, cloud: CloudState
+) -> None:
+    """A worker took a task's lease and has not ended its attempt (working, or SIGKILLed): the
+    task counts as leased, its attempt as running, and the lease ages as the clock moves on."""
+    job_id = finished_job(cloud)
+    with services.uow.begin() as session:
+        wish = store.want_sync(session, job_id, now=services.clock())
+        lease = store.claim(
+            session, wish.task_key, owner="worker.1", lease_seconds=600, now=services.clock()
+        )
+        session.commit()
+    assert lease is not None
+    held = scraped(guarded_app(at_time(services, services.clock() + timedelta(seconds=90))))
+    assert value(held, "scrapesync_tasks", state="leased") == 1
+    assert value(held, "scrapesync_attempts_running") == 1
+    assert value(held, "scrapesync_oldest_lease_age_seconds") >= 90
