@@ -9,11 +9,12 @@ from datetime import timedelta
 
 import pytest
 from flask import Flask
-from sqlalchemy import func, select
+from sqlalchemy import Engine, func, select, text
 
 from simulator import CloudState
 from sync import store, sweeper, tasks
 from sync.bootstrap import Services
+from sync.identity import observation_key
 from sync.models import MaintenanceRun, Observation, Run
 from sync.queue import RQDispatcher
 from tests.harness import (
@@ -712,3 +713,62 @@ def test_a_lost_database_connection_is_retried_at_the_next_sweep_then_backed_off
     again = tasks.classify(dropped, failures=3, draw=0.5)
     assert again.wait == tasks.backoff(3, 0.5) > 0
     assert again.count_failure
+
+
+@pytest.mark.postgres
+def test_a_sync_that_races_another_writer_for_new_keys_still_writes_each_once(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Another transaction inserts one of the job's new observations while the sync merges:
+    the sync waits for it, takes that row as it is by then, and commits every record once."""
+    job_id = _finished_job(cloud, n=10)
+    notify(web, job_id)
+    with services.cloud() as client:
+        target = tasks.resolve_target(services, client.get_job(job_id))
+    raced = observation_key(target.dataset.name, target.window, "SKU-000000")
+    engine = services.uow.engine
+    with engine.connect() as other:
+        other.execute(
+            text(
+                "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "
+                "collection_window, payload, payload_hash, source_job_id, source_attempt_id, "
+                "validation_state, first_seen_at, last_changed_at) VALUES (:key, 'products', "
+                "'SKU-000000', :run, :window, '{}', 'other', 1, 'other', 'pending', now(), now())"
+            ),
+            {"key": raced, "run": target.run_id, "window": target.window},
+        )  # not committed yet: the sync's insert of this key has to wait for it
+        results: list[tasks.SyncResult] = []
+        worker = threading.Thread(target=lambda: results.append(drain_one(services, job_id)))
+        worker.start()
+        deadline = time.monotonic() + 60
+        while not _someone_waits_for_a_lock(engine):
+            assert time.monotonic() < deadline, "the sync never reached the raced key"
+            time.sleep(0.05)
+        other.commit()
+    worker.join()
+    (result,) = results
+    assert result.outcome == "committed"
+    assert result.counts is not None
+    assert (result.counts.inserted, result.counts.updated) == (9, 1)
+    assert observation_count(services) == 10
+    with services.uow.begin() as session:
+        row = session.execute(
+            select(Observation.payload_hash).where(Observation.observation_key == raced)
+        ).scalar_one()
+    assert row != "other"
+
+
+def drain_one(services: Services, job_id: int) -> tasks.SyncResult:
+    """Run the job's sync task once, as a worker would."""
+    return tasks.run_sync(services, f"job-{job_id}")
+
+
+def _someone_waits_for_a_lock(engine: Engine) -> bool:
+    with engine.connect() as conn:
+        waiting = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )
+        ).scalar_one()
+    return bool(waiting)
