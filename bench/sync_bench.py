@@ -218,12 +218,12 @@ def _timed(load: Any, profile_to: str | None) -> tuple[float, float, float | Non
     return seconds, worker_cpu, database_cpu, before, peak, result
 
 
-def sync_in_worker(task_key: str, profile_to: str | None) -> WorkerRun:
+def sync_in_worker(task_key: str, profile_to: str | None, force: bool) -> WorkerRun:
     """Run the sync task once in this long-lived worker process and measure it."""
     assert _worker is not None
     services = _worker.services
     seconds, cpu, db_cpu, before, peak, result = _timed(
-        lambda: run_sync(services, task_key), profile_to
+        lambda: run_sync(services, task_key, force=force), profile_to
     )
     return WorkerRun(seconds, cpu, db_cpu, before, peak, result.outcome, result.records_read)
 
@@ -358,7 +358,8 @@ def _sync_phase(
         session.commit()
     mark = _mark(bench.engine)
     calls = bench.cloud.calls
-    result = pool.submit(sync_in_worker, task_key, _profile_path(bench, n, phase, run)).result()
+    profile_to = _profile_path(bench, n, phase, run)
+    result = pool.submit(sync_in_worker, task_key, profile_to, phase != FIRST).result()
     calls = bench.cloud.calls - calls
     if result.outcome != "committed" or result.records_read != n:
         raise BenchError(
