@@ -108,6 +108,20 @@ def services(
         webhook_token=WEBHOOK_TOKEN,
         lease_seconds=60.0,
     )
+    built = wire(settings, datasets, uow, redis_conn, cloud, sleeps)
+    yield built
+    bootstrap.use(None)
+
+
+def wire(
+    settings: Settings,
+    datasets: Datasets,
+    uow: UnitOfWork,
+    redis_conn: Redis,
+    cloud: CloudState,
+    sleeps: list[float],
+) -> Services:
+    """Services built as production builds them, on the test database, Redis and simulator."""
     built = bootstrap.build(
         settings,
         datasets=datasets,
@@ -118,8 +132,7 @@ def services(
     )
     built.uow = uow
     bootstrap.use(built)
-    yield built
-    bootstrap.use(None)
+    return built
 
 
 @pytest.fixture

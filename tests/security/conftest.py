@@ -7,20 +7,17 @@ from collections.abc import Iterator
 from dataclasses import replace
 from urllib.parse import quote
 
-import httpx
 import pytest
 from redis import Redis
 from sqlalchemy import select
 
 from config.datasets import Datasets, parse_datasets
 from simulator import CloudState
-from simulator import create_app as create_simulator
 from sync import bootstrap
 from sync.bootstrap import Services
-from sync.budget import MemoryApiBudget
 from sync.db import UnitOfWork
 from sync.models import Attempt, Launch, MaintenanceRun, SyncTask
-from tests.harness import API_TOKEN, DATASETS_TOML, WEBHOOK_TOKEN
+from tests.harness import API_TOKEN, DATASETS_TOML, WEBHOOK_TOKEN, wire
 
 STATUS_TOKEN = "status-secret-77e1c9"
 SIGNING_SECRET = "sign/secret+with spaces&more"
@@ -96,15 +93,6 @@ def guarded(
         status_token=STATUS_TOKEN,
         environment={"PRODUCTS_HOOK_SECRET": SIGNING_SECRET},
     )
-    built = bootstrap.build(
-        settings,
-        datasets=secret_datasets,
-        redis=redis_conn,
-        transport=httpx.WSGITransport(app=create_simulator(cloud)),
-        budget=MemoryApiBudget(limit=1000, window=900.0),
-        sleep=sleeps.append,
-    )
-    built.uow = uow
-    bootstrap.use(built)
+    built = wire(settings, secret_datasets, uow, redis_conn, cloud, sleeps)
     yield built
     bootstrap.use(services)
