@@ -10,6 +10,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -82,6 +83,14 @@ class UnitOfWork:
     def dialect(self) -> str:
         """``postgresql`` or ``sqlite``."""
         return self.engine.dialect.name
+
+
+def insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
+    """An INSERT of ``table`` in the session's dialect, so ``on_conflict_do_update`` and
+    ``on_conflict_do_nothing`` are at hand on PostgreSQL and SQLite alike."""
+    if session.get_bind().dialect.name == "postgresql":
+        return postgresql.insert(table)
+    return sqlite.insert(table)
 
 
 def alembic_config(url: str) -> Config:

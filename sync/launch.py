@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
@@ -41,6 +40,7 @@ from sync.client import (
     CloudValidationError,
     ScrapingJob,
 )
+from sync.db import insert
 from sync.models import Launch, Run
 
 log = logs.get("launch")
@@ -186,9 +186,8 @@ def intend(
     now: datetime,
 ) -> bool:
     """Store the intent to launch ``batch_id`` unless it is stored already; True if new."""
-    insert = postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
     result = session.execute(
-        insert(Launch)
+        insert(session, Launch)
         .values(
             batch_id=check_custom_id(batch_id),
             run_id=run_id,

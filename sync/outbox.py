@@ -42,12 +42,12 @@ from typing import Any
 
 import httpx
 from sqlalchemy import and_, func, or_, select, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from config.datasets import Destination
 from sync import export, logs
 from sync.bootstrap import Services
+from sync.db import insert
 from sync.models import Delivery, OutboxEvent
 
 log = logs.get("outbox")
@@ -111,10 +111,6 @@ def event_id_for(run_id: str, event_type: str, revision: int) -> str:
     return f"evt_{digest[:32]}"
 
 
-def _insert(session: Session) -> Any:
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-
-
 def write_event(
     session: Session,
     *,
@@ -131,7 +127,7 @@ def write_event(
         raise ValueError(f"unknown event type {event_type!r}; expected one of {EVENT_TYPES}")
     event_id = event_id_for(run_id, event_type, revision)
     session.execute(
-        _insert(session)(OutboxEvent)
+        insert(session, OutboxEvent)
         .values(
             event_id=event_id,
             run_id=run_id,
@@ -148,7 +144,7 @@ def write_event(
     )
     for destination in destinations:
         session.execute(
-            _insert(session)(Delivery)
+            insert(session, Delivery)
             .values(
                 event_id=event_id,
                 destination=destination,

@@ -9,7 +9,6 @@ matches no row, so its transaction rolls back and writes nothing.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,18 +20,15 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
-    literal,
     or_,
     select,
     text,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from sync.client import InvalidRecord
 from sync.client import ScrapingJob as CloudJob
+from sync.db import insert
 from sync.models import Attempt, Notification, Run, ScrapingJob, SyncTask, UTCDateTime
 
 REVIVABLE = ("committed", "quarantined", "dead", "gone")
@@ -80,10 +76,6 @@ def task_key_for(job_id: int) -> str:
     return f"job-{job_id}"
 
 
-def _insert(session: Session) -> Any:
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-
-
 def record_notification(
     session: Session,
     *,
@@ -117,7 +109,7 @@ def want_sync(session: Session, job_id: int, *, now: datetime) -> Wish:
     """
     t = SyncTask.__table__.c
     key = task_key_for(job_id)
-    stmt = _insert(session)(SyncTask).values(
+    new = insert(session, SyncTask).values(
         task_key=key,
         job_id=job_id,
         state="pending",
@@ -133,8 +125,7 @@ def want_sync(session: Session, job_id: int, *, now: datetime) -> Wish:
     )
     revive = t.state.in_(REVIVABLE)
     waiting_for_finish = and_(t.state == "retry_wait", t.last_error_class == "JobNotFinishedError")
-    literal(now, UTCDateTime())
-    stmt = stmt.on_conflict_do_update(
+    stmt = new.on_conflict_do_update(
         index_elements=["task_key"],
         set_={
             "requested_generation": case(
@@ -418,330 +409,8 @@ def save_scraping_job(
         ),
         "last_seen_at": now,
     }
-    stmt = _insert(session)(ScrapingJob).values(job_id=job.id, first_seen_at=now, **values)
+    stmt = insert(session, ScrapingJob).values(job_id=job.id, first_seen_at=now, **values)
     session.execute(stmt.on_conflict_do_update(index_elements=["job_id"], set_=values))
-
-
-# --- observations -------------------------------------------------------------------------------
-
-
-# --- records that cannot be stored ---------------------------------------------------------------
-
-PARTITION_LIMIT = 200  # the width of observations.partition and partition_verdicts.partition
-INVALID_SAMPLES = 20  # lines kept, with their numbers, in an attempt's invalid_detail
-
-
-def record_problem(
-    record: Mapping[str, Any],
-    *,
-    partition: str | None,
-    canonical: str,
-    start_url: str | None,
-    max_record_bytes: int,
-) -> tuple[str, str] | None:
-    """Why a parsed record cannot be staged (reason code, detail), or None when it can: a NUL
-    character in a key or value (no database text holds one), a partition value wider than its
-    column, or a record over the size limit. (Unreadable lines are caught while the export is
-    read.)"""
-    if ("\\u0000" in canonical or "\x00" in (start_url or "")) and _has_nul(record):
-        return "nul_character", "a key or value holds a NUL character"
-    if partition is not None and len(partition) > PARTITION_LIMIT:
-        return (
-            "partition_too_long",
-            f"partition value has {len(partition)} characters; at most {PARTITION_LIMIT} fit",
-        )
-    if len(canonical) > max_record_bytes // 4:
-        size = len(canonical.encode())
-        if size > max_record_bytes:
-            return "record_too_large", f"{size} bytes; the limit is {max_record_bytes} bytes"
-    return None
-
-
-def _has_nul(value: Any) -> bool:
-    """Whether a NUL character hides in any key or string of a parsed record."""
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any("\x00" in str(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(v) for v in value)
-    return False
-
-
-class SetAside:
-    """The records one sync set aside as invalid, counted per partition and reason (records
-    whose partition is unknown or unusable are "unplaced"), with the first few lines."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.partitions: dict[str, dict[str, int]] = {}
-        self.unplaced: dict[str, int] = {}
-        self.lines: list[dict[str, Any]] = []
-
-    def add(self, item: InvalidRecord) -> None:
-        """Count one invalid record."""
-        self.count += 1
-        usable = item.partition is not None and len(item.partition) <= PARTITION_LIMIT
-        bucket = self.partitions.setdefault(str(item.partition), {}) if usable else self.unplaced
-        bucket[item.reason] = bucket.get(item.reason, 0) + 1
-        if len(self.lines) < INVALID_SAMPLES:
-            self.lines.append(
-                {
-                    "line": item.line,
-                    "reason": item.reason,
-                    "detail": item.detail,
-                    "partition": item.partition if usable else None,
-                }
-            )
-
-    def as_detail(self) -> dict[str, Any] | None:
-        """What the attempt stores in invalid_detail (None when nothing was set aside)."""
-        if not self.count:
-            return None
-        return {"partitions": self.partitions, "unplaced": self.unplaced, "lines": self.lines}
-
-
-@dataclass(frozen=True)
-class UpsertCounts:
-    """What one sync did to the observations table."""
-
-    staged: int
-    inserted: int
-    updated: int
-    unchanged: int
-    duplicate_keys: int
-    conflicting_duplicates: int
-
-
-_STAGING = (
-    "CREATE TEMP TABLE IF NOT EXISTS obs_staging (ord integer, observation_key text, "
-    "payload_hash text, entity_key text, partition text, start_url text, payload text)"
-)
-_STAGED_COLUMNS = "ord, observation_key, payload_hash, entity_key, partition, start_url, payload"
-
-
-class ObservationStager:
-    """Collects one job's records in a temporary table (COPY on PostgreSQL), then merges them
-    into observations: new keys inserted, changed payloads updated, unchanged payloads neither
-    written nor locked. Memory stays flat however many records the job has.
-
-    The staged payload is text: only the rows that are written get parsed as JSON. One
-    statement merges: it joins the staged hashes with the stored ones and writes only what is
-    new or changed (nothing is copied into a change table first), and counts what it wrote.
-    """
-
-    def __init__(self, session: Session, *, batch_size: int = 5000) -> None:
-        self.session = session
-        self.conn: Connection = session.connection()
-        self.postgres = self.conn.dialect.name == "postgresql"
-        self.batch_size = batch_size
-        self.count = 0
-        self._batch: list[tuple[Any, ...]] = []
-        self.conn.exec_driver_sql(_STAGING + (" ON COMMIT DROP" if self.postgres else ""))
-        self.conn.exec_driver_sql("DELETE FROM obs_staging")
-
-    def add(
-        self,
-        observation_key: str,
-        entity_key: str,
-        partition: str | None,
-        start_url: str | None,
-        canonical_payload: str,
-        payload_hash: str,
-    ) -> None:
-        """Stage one record."""
-        self.count += 1
-        self._batch.append(
-            (
-                self.count,
-                observation_key,
-                payload_hash,
-                entity_key,
-                partition,
-                start_url,
-                canonical_payload,
-            )
-        )
-        if len(self._batch) >= self.batch_size:
-            self.flush()
-
-    def flush(self) -> None:
-        """Write the buffered records to the staging table."""
-        if not self._batch:
-            return
-        if self.postgres:
-            raw = self.conn.connection.driver_connection
-            assert raw is not None
-            with (
-                raw.cursor() as cursor,
-                cursor.copy(f"COPY obs_staging ({_STAGED_COLUMNS}) FROM STDIN") as copy,
-            ):
-                for row in self._batch:
-                    copy.write_row(row)
-        else:
-            self.conn.exec_driver_sql(
-                f"INSERT INTO obs_staging ({_STAGED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant SQL
-                self._batch,
-            )
-        self._batch.clear()
-
-    def merge(
-        self,
-        *,
-        dataset: str,
-        run_id: str,
-        window: str,
-        job_id: int,
-        attempt_id: str,
-        now: datetime,
-    ) -> UpsertCounts:
-        """Merge the staged records into observations; the last record of a key wins."""
-        self.flush()
-        conn = self.conn
-        dup = conn.execute(
-            text(
-                "SELECT count(*) AS keys, coalesce(sum(n), 0) AS n, "
-                "count(*) FILTER (WHERE first_hash <> last_hash) AS conflicting "
-                "FROM (SELECT count(*) AS n, min(payload_hash) AS first_hash, "
-                "max(payload_hash) AS last_hash FROM obs_staging "
-                "GROUP BY observation_key HAVING count(*) > 1) AS d"
-            )
-        ).one()
-        duplicates = int(dup.n) - int(dup.keys)
-        if duplicates:
-            conn.execute(
-                text(
-                    "DELETE FROM obs_staging WHERE ord IN (SELECT s.ord FROM obs_staging s "
-                    "JOIN (SELECT observation_key, max(ord) AS last FROM obs_staging "
-                    "GROUP BY observation_key HAVING count(*) > 1) AS d "
-                    "ON d.observation_key = s.observation_key WHERE s.ord < d.last)"
-                )
-            )
-        # One join finds what is new or changed; only those rows are written (or even locked).
-        # The conflict clause keeps a payload that another sync made the same from a rewrite.
-        payload = "CAST(c.payload AS jsonb)" if self.postgres else "c.payload"
-        upsert = (
-            "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "  # noqa: S608 - constant SQL
-            "collection_window, partition, start_url, payload, payload_hash, "
-            "source_job_id, source_attempt_id, validation_state, first_seen_at, "
-            "last_changed_at) "
-            "SELECT c.observation_key, :dataset, c.entity_key, :run_id, :window, "
-            f"c.partition, c.start_url, {payload}, c.payload_hash, :job_id, :attempt_id, "
-            "'pending', :now, :now FROM obs_staging c "
-            "LEFT JOIN observations o ON o.observation_key = c.observation_key "
-            "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash "
-            "ON CONFLICT (observation_key) DO UPDATE SET "
-            "payload = excluded.payload, payload_hash = excluded.payload_hash, "
-            "partition = excluded.partition, start_url = excluded.start_url, "
-            "entity_key = excluded.entity_key, source_job_id = excluded.source_job_id, "
-            "source_attempt_id = excluded.source_attempt_id, "
-            "validation_state = 'pending', last_changed_at = excluded.last_changed_at "
-            "WHERE observations.payload_hash <> excluded.payload_hash"
-        )
-        params = {
-            "dataset": dataset,
-            "run_id": run_id,
-            "window": window,
-            "job_id": job_id,
-            "attempt_id": attempt_id,
-            "now": now,
-        }
-        if self.postgres:
-            inserted, updated = self._write_changes(upsert, params)
-        else:  # one writer at a time: what the join finds is what the upsert writes
-            written = conn.execute(
-                text(
-                    "SELECT count(*) AS written, "
-                    "count(*) FILTER (WHERE o.observation_key IS NULL) AS new "
-                    "FROM obs_staging c LEFT JOIN observations o "
-                    "ON o.observation_key = c.observation_key "
-                    "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash"
-                )
-            ).one()
-            if written.written:
-                conn.execute(text(upsert).bindparams(bindparam("now", type_=UTCDateTime())), params)
-            inserted = int(written.new)
-            updated = int(written.written) - inserted
-        if self.postgres:
-            conn.exec_driver_sql("DROP TABLE obs_staging")
-        else:
-            conn.exec_driver_sql("DELETE FROM obs_staging")
-        return UpsertCounts(
-            staged=self.count,
-            inserted=inserted,
-            updated=updated,
-            unchanged=self.count - duplicates - inserted - updated,
-            duplicate_keys=duplicates,
-            conflicting_duplicates=int(dup.conflicting),
-        )
-
-    def _write_changes(self, upsert: str, params: dict[str, Any]) -> tuple[int, int]:
-        """Write new and changed rows on PostgreSQL; (inserted, updated).
-
-        One join counts what is new and what changed; a plain UPDATE of the changed keys and a
-        plain INSERT of the new ones, each run only when needed, cost about half of one
-        INSERT ... ON CONFLICT. If another sync inserted one of the new keys meanwhile,
-        the INSERT fails on the unique key: it is undone to its savepoint and the upsert,
-        which takes such rows as they are by now, writes what is left.
-        """
-        conn = self.conn
-        now = bindparam("now", type_=UTCDateTime())
-        todo = conn.execute(
-            text(
-                "SELECT count(*) FILTER (WHERE o.observation_key IS NULL) AS new, "
-                "count(*) FILTER (WHERE o.payload_hash <> c.payload_hash) AS changed "
-                "FROM obs_staging c LEFT JOIN observations o "
-                "ON o.observation_key = c.observation_key"
-            )
-        ).one()
-        updated = 0
-        if todo.changed:
-            updated = conn.execute(
-                text(
-                    "UPDATE observations o SET payload = CAST(c.payload AS jsonb), "
-                    "payload_hash = c.payload_hash, partition = c.partition, "
-                    "start_url = c.start_url, entity_key = c.entity_key, source_job_id = :job_id, "
-                    "source_attempt_id = :attempt_id, validation_state = 'pending', "
-                    "last_changed_at = :now FROM obs_staging c "
-                    "WHERE o.observation_key = c.observation_key "
-                    "AND o.payload_hash <> c.payload_hash"
-                ).bindparams(now),
-                params,
-            ).rowcount
-        if not todo.new:
-            return 0, int(updated)
-        conn.exec_driver_sql("SAVEPOINT obs_insert")
-        try:
-            inserted = conn.execute(
-                text(
-                    upsert.partition(" LEFT JOIN ")[0]  # noqa: S608 - constant SQL
-                    + " WHERE NOT EXISTS (SELECT 1 FROM observations o "
-                    "WHERE o.observation_key = c.observation_key)"
-                ).bindparams(now),
-                params,
-            ).rowcount
-            conn.exec_driver_sql("RELEASE SAVEPOINT obs_insert")
-            return int(inserted), int(updated)
-        except IntegrityError:
-            conn.exec_driver_sql("ROLLBACK TO SAVEPOINT obs_insert")
-            written = conn.execute(
-                text(
-                    f"WITH w AS ({upsert} RETURNING xmax = 0 AS is_new) "  # noqa: S608 - constant SQL
-                    "SELECT count(*) AS written, count(*) FILTER (WHERE is_new) AS new FROM w"
-                ).bindparams(now),
-                params,
-            ).one()
-            return int(written.new), int(updated) + int(written.written) - int(written.new)
-
-
-def task_row(session: Session, task_key: str) -> dict[str, Any] | None:
-    """The task as plain values, for status and tests."""
-    row = session.execute(
-        select(SyncTask).where(SyncTask.task_key == task_key)
-    ).scalar_one_or_none()
-    if row is None:
-        return None
-    return {c.name: getattr(row, c.key) for c in SyncTask.__table__.columns}
 
 
 def count_rows(session: Session, model: type[Any], *where: Any) -> int:
@@ -760,7 +429,7 @@ def ensure_run(
     now: datetime,
 ) -> None:
     """Create the run if it does not exist yet; an existing run is left as it is."""
-    stmt = _insert(session)(Run).values(
+    stmt = insert(session, Run).values(
         run_id=run_id,
         dataset=dataset,
         collection_window=window,

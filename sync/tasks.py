@@ -31,7 +31,7 @@ from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
-from sync import logs, runs, store
+from sync import logs, runs, staging, store
 from sync.bootstrap import Services
 from sync.client import (
     ApiBudgetExhaustedError,
@@ -47,7 +47,8 @@ from sync.client import (
 from sync.client import backoff as jittered
 from sync.identity import RecordIdentity
 from sync.models import Attempt, Launch, Run, SyncTask
-from sync.store import Lease, StaleLeaseError, UpsertCounts
+from sync.staging import UpsertCounts
+from sync.store import Lease, StaleLeaseError
 
 log = logs.get("sync")
 
@@ -369,11 +370,11 @@ def _import(
     read = missing = protected = 0
     with services.uow.begin() as session:
         postgres = services.uow.dialect == "postgresql"
-        stager = store.ObservationStager(session)
+        stager = staging.ObservationStager(session)
         last_beat = services.clock()
         identify = RecordIdentity(dataset, target.window)
         frozen = target.frozen_partitions
-        invalid = store.SetAside()
+        invalid = staging.SetAside()
         for line, item in cloud.iter_export(job.id):
             read += 1
             if isinstance(item, InvalidRecord):
@@ -386,7 +387,7 @@ def _import(
             if frozen and staged[2] in frozen:
                 protected += 1  # a recovery batch never rewrites a partition that passed
                 continue
-            problem = store.record_problem(
+            problem = staging.record_problem(
                 item,
                 partition=staged[2],
                 canonical=staged[4],

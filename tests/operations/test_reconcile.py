@@ -134,9 +134,8 @@ def test_a_job_that_changed_since_its_sync_is_synced_again(
     drain(services)
     assert _observations(services) == 42
     with services.uow.begin() as session:
-        task = store.task_row(session, f"job-{job_id}")
-        assert task is not None
-        assert (task["state"], task["synced_generation"]) == ("committed", 2)
+        task = session.scalars(select(SyncTask).where(SyncTask.task_key == f"job-{job_id}")).one()
+        assert (task.state, task.synced_generation) == ("committed", 2)
     assert not reconcile.reconcile(services).did_anything
 
 
