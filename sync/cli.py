@@ -17,7 +17,7 @@ from sync.bootstrap import Services
 from sync.client import CloudClient, CloudError
 
 if TYPE_CHECKING:
-    from sync.runs import Rejudgement
+    from sync.check import Rejudgement
 
 
 class CommandError(click.ClickException):
@@ -412,11 +412,11 @@ def check_command(run_id: str, datasets_path: str | None, as_json: bool) -> None
     from pathlib import Path
 
     from config.datasets import load_datasets
-    from sync import runs
+    from sync import check
 
     services = _services()
     datasets = load_datasets(Path(datasets_path)) if datasets_path else services.datasets
-    result = runs.rejudge(services, run_id, datasets)
+    result = check.rejudge(services, run_id, datasets)
     if result is None:
         raise CommandError(f"no run {run_id!r} in the database")
     if as_json:

@@ -22,9 +22,10 @@ from typing import IO, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from sync import publication
 from sync.acceptance import NO_PARTITION
 from sync.bootstrap import Services
-from sync.models import Observation, PartitionVerdict, Publication, Run
+from sync.models import Observation, PartitionVerdict, Run
 
 FORMATS = ("jsonl", "csv")
 FORMULA_STARTS = frozenset("=+-@\t\r")
@@ -94,9 +95,7 @@ def write_export(
     """Write an export inside the caller's transaction (a consistent snapshot of the run)."""
     if fmt not in FORMATS:
         raise ExportError(f"format must be one of {FORMATS}, got {fmt!r}")
-    current = session.execute(
-        select(Publication.run_id).where(Publication.dataset == dataset, Publication.is_current)
-    ).scalar_one_or_none()
+    current = publication.published_run_id(session, dataset)
     if run_id is None:
         if current is None:
             raise ExportError(f"dataset {dataset!r} has no published run yet")

@@ -15,14 +15,15 @@ from typing import Any
 import httpx
 from flask import Flask
 from rq.registry import FailedJobRegistry
+from sqlalchemy import select
 
 from config.datasets import parse_datasets
 from simulator import CloudState
 from simulator.records import generate_records
-from sync import export, runs, store, tasks
+from sync import export, publication, runs, store, tasks
 from sync.bootstrap import Services
+from sync.models import OutboxEvent, PartitionVerdict, Run
 from sync.queue import RecordingDispatcher, RQDispatcher
-from sync.runs import RunVerdict
 from tests.harness import drain, notify, products_sitemap
 
 SECRET_ENV = "PRODUCTS_HOOK_SECRET"
@@ -171,17 +172,56 @@ def run_id_of(job_id: int) -> str:
     return f"products-job-{job_id}"
 
 
-def verdict(services: Services, run_id: str) -> RunVerdict:
+@dataclass(frozen=True)
+class StoredVerdict:
+    """A run's verdict as the database holds it: state, revision, reasons with their numbers,
+    each partition's verdict, whether it is published, and the run's outbox events."""
+
+    state: str
+    revision: int
+    reasons: list[dict[str, Any]]
+    partitions: list[dict[str, Any]]
+    is_published: bool
+    events: list[dict[str, Any]]
+
+
+def verdict(services: Services, run_id: str) -> StoredVerdict:
     """A run's verdict, which must exist."""
-    found = runs.run_verdict(services, run_id)
-    assert found is not None, run_id
-    return found
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None, run_id
+        partitions = session.execute(
+            select(PartitionVerdict)
+            .where(PartitionVerdict.run_id == run_id)
+            .order_by(PartitionVerdict.partition)
+        ).scalars()
+        events = session.execute(
+            select(OutboxEvent).where(OutboxEvent.run_id == run_id).order_by(OutboxEvent.id)
+        ).scalars()
+        return StoredVerdict(
+            state=run.state,
+            revision=run.revision,
+            reasons=list(run.reasons or []),
+            partitions=[
+                {
+                    "partition": p.partition,
+                    "state": p.state,
+                    "records": p.records,
+                    "reasons": list(p.reasons or []),
+                }
+                for p in partitions
+            ],
+            is_published=publication.published_run_id(session, run.dataset) == run_id,
+            events=[
+                {"event_id": e.event_id, "type": e.event_type, "state": e.state} for e in events
+            ],
+        )
 
 
 def published(services: Services) -> str | None:
     """The run the products dataset's published pointer names."""
     with services.uow.begin() as session:
-        return runs.published_run_id(session, "products")
+        return publication.published_run_id(session, "products")
 
 
 def exported(

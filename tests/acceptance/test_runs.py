@@ -3,6 +3,7 @@ worker loop, real databases; the verdict, the published pointer and the export m
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -12,7 +13,7 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from simulator import CloudState
-from sync import export, jobs, runs, store, tasks
+from sync import export, jobs, runs, status, store, tasks
 from sync.bootstrap import Services
 from sync.models import Launch, Observation, OutboxEvent, Publication, Run
 from sync.queue import RecordingDispatcher
@@ -553,12 +554,14 @@ def test_a_sync_committing_during_an_evaluation_is_never_marked_unread(
 def test_the_verdict_reads_as_plain_values_for_status(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
-    """``run_verdict`` gives status everything as JSON-able values; unknown runs give None."""
+    """Status gives a rejected run's verdict as JSON-able values, each reason with its code,
+    partition and figures; the rejection is announced; a run never seen is not listed."""
     job_id = finished_job(cloud, product_records(100), jobs_empty=20)
     sync(web, services, job_id)
-    shown = verdict(services, run_id_of(job_id)).as_dict()
+    listed = {r["run_id"]: r for r in json.loads(json.dumps(status.overview(services)))["runs"]}
+    shown = listed[run_id_of(job_id)]
     assert shown["state"] == "rejected"
     assert isinstance(shown["evaluated_at"], str)
-    assert {"code", "message", "got", "expected", "partition"} <= set(shown["reasons"][0])
-    assert shown["events"][0]["type"] == "run.rejected"
-    assert runs.run_verdict(services, "no-such-run") is None
+    assert {"code", "text", "got", "allowed", "partition"} <= set(shown["reason_details"][0])
+    assert verdict(services, run_id_of(job_id)).events[0]["type"] == "run.rejected"
+    assert "no-such-run" not in listed
