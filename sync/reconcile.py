@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import func, select
 
 from sync import logs, outbox, runs, store, sweeper
 from sync.bootstrap import Services
@@ -181,7 +181,8 @@ def reconcile(
         with services.uow.begin() as session:
             report.tasks_due = len(store.due_tasks(session, now=services.clock()))
         report.launches_linked = [b for b, _ in _unlinked(services, in_range)]
-    candidates = runs_to_evaluate(services)
+    with services.uow.begin() as session:
+        candidates = runs.runs_due_for_evaluation(session, limit=None)
     if dry_run:
         report.runs_evaluated = candidates
         with services.uow.begin() as session:
@@ -389,54 +390,6 @@ def _link_launches(
             session.commit()
         report.launches_linked.append(batch_id)
         log.info("reconcile.launch_linked", extra={"batch_id": batch_id, "job_id": job_id})
-
-
-def runs_to_evaluate(services: Services) -> list[str]:
-    """Runs whose every task is committed, with data newer than their last evaluation.
-
-    A run's tasks are those that committed into it plus those of its created launches; a
-    launch still being created, or one whose job has not reported back, holds the run open.
-    """
-    t = SyncTask.__table__.c
-    per_run = (
-        select(
-            t.run_id,
-            func.max(t.updated_at).label("latest"),
-            func.sum(case((t.state != "committed", 1), else_=0)).label("open"),
-        )
-        .where(t.run_id.is_not(None))
-        .group_by(t.run_id)
-        .subquery()
-    )
-    with services.uow.begin() as session:
-        candidates = list(
-            session.execute(
-                select(Run.run_id)
-                .join(per_run, per_run.c.run_id == Run.run_id)
-                .where(
-                    per_run.c.open == 0,
-                    or_(Run.evaluated_at.is_(None), per_run.c.latest > Run.evaluated_at),
-                )
-            ).scalars()
-        )
-        held: set[str] = set()
-        for chunk in _chunks(candidates):
-            held.update(
-                session.execute(
-                    select(Launch.run_id)
-                    .outerjoin(SyncTask, SyncTask.job_id == Launch.job_id)
-                    .where(
-                        Launch.run_id.in_(chunk),
-                        Launch.state != "failed",
-                        or_(
-                            Launch.state != "created",
-                            SyncTask.state.is_(None),
-                            SyncTask.state != "committed",
-                        ),
-                    )
-                ).scalars()
-            )
-    return sorted(set(candidates) - held)
 
 
 def _evaluate(services: Services, run_ids: Sequence[str]) -> list[str]:

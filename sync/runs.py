@@ -27,7 +27,7 @@ from datetime import datetime
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import case, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -36,7 +36,15 @@ from sync import acceptance, evidence, logs, outbox, publication
 from sync.acceptance import NO_PARTITION, Judgement
 from sync.bootstrap import Services
 from sync.client import CloudError
-from sync.models import Observation, PartitionVerdict, Run, RunProfile, ScrapingJob, SyncTask
+from sync.models import (
+    Launch,
+    Observation,
+    PartitionVerdict,
+    Run,
+    RunProfile,
+    ScrapingJob,
+    SyncTask,
+)
 
 log = logs.get("runs")
 
@@ -45,6 +53,7 @@ OPEN = ("collecting", "candidate")
 PROBLEMATIC_URL_LIMIT = 500
 CONFLICT_RETRIES = 5
 _RETRYABLE_SQLSTATES = ("40001", "40P01")
+_CHUNK = 500  # run ids per IN (...) list, well under any driver's parameter limit
 
 
 @dataclass(frozen=True)
@@ -384,22 +393,54 @@ def _mark_observations(session: Session, run_id: str, judgement: Judgement) -> N
 # --- finding and queueing the runs due for evaluation ------------------------------------------
 
 
-def runs_due_for_evaluation(session: Session, *, limit: int = 500) -> list[str]:
-    """Runs with a sync committed after their last verdict (or none yet), and candidates
-    waiting for Cloud's data-quality result."""
+def runs_due_for_evaluation(session: Session, *, limit: int | None = 500) -> list[str]:
+    """Runs whose every sync has committed, with a commit newer than their last verdict (or no
+    verdict yet): the sweep queues them, reconcile judges them. Candidates waiting for Cloud's
+    data-quality result keep their old verdict time, so they stay due until Cloud answers.
+
+    A run's syncs are those that committed into it plus those of its created launches; a
+    launch still being created, or one whose job has not reported back, holds the run open
+    (its own commit queues the evaluation).
+    """
     t = SyncTask.__table__.c
-    r = Run.__table__.c
-    committed_since = session.execute(
-        select(r.run_id)
-        .join(SyncTask, t.run_id == r.run_id)
-        .where(
-            t.state == "committed",
-            or_(r.evaluated_at.is_(None), t.updated_at > r.evaluated_at),
+    per_run = (
+        select(
+            t.run_id,
+            func.max(t.updated_at).label("latest"),
+            func.sum(case((t.state != "committed", 1), else_=0)).label("open"),
         )
-        .distinct()
-        .limit(limit)
-    ).scalars()
-    return sorted(set(committed_since))
+        .where(t.run_id.is_not(None))
+        .group_by(t.run_id)
+        .subquery()
+    )
+    candidates = list(
+        session.execute(
+            select(Run.run_id)
+            .join(per_run, per_run.c.run_id == Run.run_id)
+            .where(
+                per_run.c.open == 0,
+                or_(Run.evaluated_at.is_(None), per_run.c.latest > Run.evaluated_at),
+            )
+        ).scalars()
+    )
+    held: set[str] = set()
+    for start in range(0, len(candidates), _CHUNK):
+        held.update(
+            session.execute(
+                select(Launch.run_id)
+                .outerjoin(SyncTask, SyncTask.job_id == Launch.job_id)
+                .where(
+                    Launch.run_id.in_(candidates[start : start + _CHUNK]),
+                    Launch.state != "failed",
+                    or_(
+                        Launch.state != "created",
+                        SyncTask.state.is_(None),
+                        SyncTask.state != "committed",
+                    ),
+                )
+            ).scalars()
+        )
+    return sorted(set(candidates) - held)[:limit]
 
 
 def evaluation_job_id(run_id: str, suffix: str) -> str:

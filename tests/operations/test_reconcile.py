@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from config.datasets import parse_datasets
 from simulator import CloudState, generate_records
 from simulator import create_app as create_simulator
-from sync import bootstrap, jobs, reconcile, store, tasks
+from sync import bootstrap, jobs, reconcile, runs, store, tasks
 from sync.bootstrap import Services
 from sync.budget import MemoryApiBudget
 from sync.client import CloudClient
@@ -75,6 +75,12 @@ def _state_of(services: Services, run_id: str) -> str:
 def _observations(services: Services) -> int:
     with services.uow.begin() as session:
         return store.count_rows(session, Observation)
+
+
+def _due(services: Services) -> list[str]:
+    """The runs due for evaluation, the list a pass judges."""
+    with services.uow.begin() as session:
+        return runs.runs_due_for_evaluation(session)
 
 
 def test_a_job_whose_notifications_were_all_lost_is_found_and_a_second_pass_does_nothing(
@@ -324,7 +330,7 @@ def test_a_run_with_a_task_not_yet_committed_is_not_evaluated(
             .values(run_id=session.execute(select(func.max(Run.run_id))).scalar_one())
         )
         session.commit()
-    assert reconcile.runs_to_evaluate(services) == []
+    assert _due(services) == []
 
 
 def test_an_event_whose_delivery_was_lost_is_delivered_by_the_pass(
@@ -421,14 +427,14 @@ def test_a_launched_job_that_has_not_reported_back_holds_its_run_open(
         wish = store.want_sync(session, other, now=services.clock())
         session.commit()
     assert tasks.run_sync(lost, wish.task_key).run_id == launched.run_id
-    assert reconcile.runs_to_evaluate(services) == []
+    assert _due(services) == []
     cloud.set_generated(launched.job_id, 5)
     cloud.run_job(launched.job_id)
     with services.uow.begin() as session:
         wish = store.want_sync(session, launched.job_id, now=services.clock())
         session.commit()
     tasks.run_sync(lost, wish.task_key)
-    assert reconcile.runs_to_evaluate(services) == [launched.run_id]
+    assert _due(services) == [launched.run_id]
 
 
 def test_since_takes_days_hours_minutes_or_seconds() -> None:
