@@ -19,8 +19,9 @@ from redis import Redis
 from config.datasets import Datasets, load_datasets
 from config.settings import Settings
 from sync import secrecy
-from sync.budget import ApiBudget, MemoryApiBudget, RedisApiBudget, account_key_for
-from sync.client import CloudClient, RetryPolicy
+from sync.cloud.budget import ApiBudget, MemoryApiBudget, RedisApiBudget, account_key_for
+from sync.cloud.client import CloudClient
+from sync.cloud.policy import RetryPolicy
 from sync.db import UnitOfWork, make_engine
 from sync.models import utcnow
 from sync.queue import Dispatcher, RecordingDispatcher, RQDispatcher

@@ -14,7 +14,8 @@ from config.datasets import DatasetsFileError
 from config.settings import ConfigError, Settings
 from sync import db, logs, secrecy
 from sync.bootstrap import Services
-from sync.client import CloudClient, CloudError
+from sync.cloud.client import CloudClient
+from sync.cloud.errors import CloudError
 
 if TYPE_CHECKING:
     from sync.check import Rejudgement

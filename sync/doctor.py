@@ -23,8 +23,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from config.datasets import Dataset, Datasets, DatasetsFileError, load_datasets
 from config.settings import REQUIRED_VARIABLES, Settings
-from sync.budget import ApiBudget, MemoryApiBudget, RedisApiBudget, account_key_for
-from sync.client import CloudAuthError, CloudClient, CloudError, CloudNotFoundError, RetryPolicy
+from sync.cloud.budget import ApiBudget, MemoryApiBudget, RedisApiBudget, account_key_for
+from sync.cloud.client import CloudClient
+from sync.cloud.errors import CloudAuthError, CloudError, CloudNotFoundError
+from sync.cloud.policy import RetryPolicy
 
 # Cloud adds these columns to every record; a dataset may name them like selector columns.
 META_COLUMNS = ("web-scraper-order", "web-scraper-start-url")

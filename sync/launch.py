@@ -28,18 +28,18 @@ from sqlalchemy.orm import Session
 from config.datasets import Dataset
 from sync import logs, store
 from sync.bootstrap import Services
-from sync.client import (
+from sync.cloud.client import CloudClient
+from sync.cloud.errors import (
     ApiBudgetExhaustedError,
     CloudAuthError,
-    CloudClient,
     CloudError,
     CloudNotFoundError,
     CloudRateLimitedError,
     CloudServerError,
     CloudTransportError,
     CloudValidationError,
-    ScrapingJob,
 )
+from sync.cloud.jobs import CloudJob
 from sync.db import insert
 from sync.models import Launch, Run
 
@@ -250,7 +250,7 @@ def _settle(
         return _snap(row)
 
 
-def find_job(cloud: CloudClient, *, sitemap_id: int, custom_id: str) -> ScrapingJob | None:
+def find_job(cloud: CloudClient, *, sitemap_id: int, custom_id: str) -> CloudJob | None:
     """The sitemap's scraping job carrying ``custom_id``, if Cloud has one."""
     for job in cloud.iter_jobs(sitemap_id=sitemap_id):
         if job.custom_id == custom_id:

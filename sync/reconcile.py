@@ -29,15 +29,11 @@ from sqlalchemy import func, select
 
 from sync import logs, outbox, runs, store, sweeper
 from sync.bootstrap import Services
-from sync.client import (
-    ApiBudgetExhaustedError,
-    CloudError,
-    CloudRateLimitedError,
-    ScrapingJob,
-    backoff,
-)
+from sync.cloud.errors import ApiBudgetExhaustedError, CloudError, CloudRateLimitedError
+from sync.cloud.jobs import CloudJob
 from sync.models import Launch, MaintenanceRun, Run, SyncTask
 from sync.models import ScrapingJob as JobRow
+from sync.retry import backoff
 
 log = logs.get("reconcile")
 
@@ -198,7 +194,7 @@ def reconcile(
     return report
 
 
-def _created(job: ScrapingJob) -> datetime:
+def _created(job: CloudJob) -> datetime:
     assert job.time_created is not None
     return datetime.fromtimestamp(job.time_created, UTC)
 
@@ -226,9 +222,9 @@ def _list_jobs(
     *,
     sleep: Callable[[float], None],
     max_wait: float,
-) -> list[ScrapingJob]:
+) -> list[CloudJob]:
     """Every scraping job Cloud lists, waiting politely when Cloud or the budget says so."""
-    seen: dict[int, ScrapingJob] = {}
+    seen: dict[int, CloudJob] = {}
     next_page = 1  # after a wait the listing resumes here; pages already read cost nothing
     refused = 0
     while True:
@@ -262,7 +258,7 @@ def _chunks(items: Sequence[Any]) -> Iterable[Sequence[Any]]:
         yield items[start : start + CHUNK]
 
 
-def _ours(services: Services, jobs: Sequence[ScrapingJob]) -> set[int]:
+def _ours(services: Services, jobs: Sequence[CloudJob]) -> set[int]:
     """The jobs that feed a configured dataset: by sitemap, or by a custom_id we gave."""
     custom_ids = sorted({j.custom_id for j in jobs if j.custom_id})
     known: set[str] = set()
@@ -283,7 +279,7 @@ def _ours(services: Services, jobs: Sequence[ScrapingJob]) -> set[int]:
 def _check_jobs(
     services: Services,
     report: ReconcileReport,
-    jobs: Sequence[ScrapingJob],
+    jobs: Sequence[CloudJob],
     on_progress: Callable[[int, int], None] | None,
 ) -> None:
     ours = _ours(services, jobs)
@@ -310,7 +306,7 @@ def _check_jobs(
 
 def _check_one(
     report: ReconcileReport,
-    job: ScrapingJob,
+    job: CloudJob,
     ours: bool,
     row: dict[str, Any] | None,
     task: tuple[str, str | None] | None,
@@ -360,7 +356,7 @@ def _want(services: Services, report: ReconcileReport) -> None:
             log.warning("reconcile.enqueue_failed", extra={"job_id": wish.job_id}, exc_info=True)
 
 
-def _unlinked(services: Services, jobs: Sequence[ScrapingJob]) -> list[tuple[str, int]]:
+def _unlinked(services: Services, jobs: Sequence[CloudJob]) -> list[tuple[str, int]]:
     """Launches left uncertain or abandoned whose job Cloud lists: (batch id, job id)."""
     by_custom_id = {j.custom_id: j.id for j in jobs if j.custom_id}
     if not by_custom_id:
@@ -377,9 +373,7 @@ def _unlinked(services: Services, jobs: Sequence[ScrapingJob]) -> list[tuple[str
     return found
 
 
-def _link_launches(
-    services: Services, report: ReconcileReport, jobs: Sequence[ScrapingJob]
-) -> None:
+def _link_launches(services: Services, report: ReconcileReport, jobs: Sequence[CloudJob]) -> None:
     for batch_id, job_id in _unlinked(services, jobs):
         with services.uow.begin() as session:
             launch = session.get(Launch, batch_id)

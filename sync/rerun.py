@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from sync import logs
 from sync.acceptance import WAITING, Reason
 from sync.bootstrap import Services
-from sync.client import CloudError
+from sync.cloud.errors import CloudError
 from sync.launch import LaunchError, LaunchOutcome, carry_out, intend, resolve_sitemap
 from sync.models import Launch, Observation, PartitionVerdict, Run, ScrapingJob
 

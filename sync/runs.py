@@ -35,7 +35,7 @@ from config.datasets import Dataset
 from sync import acceptance, evidence, logs, outbox, publication
 from sync.acceptance import NO_PARTITION, Judgement
 from sync.bootstrap import Services
-from sync.client import CloudError
+from sync.cloud.errors import CloudError
 from sync.models import (
     Launch,
     Observation,

@@ -12,7 +12,7 @@ from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from sync.client import InvalidRecord
+from sync.cloud.download import InvalidRecord
 from sync.models import UTCDateTime
 
 # --- records that cannot be stored ---------------------------------------------------------------

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
-from sync.client import ScrapingJob as CloudJob
+from sync.cloud.jobs import CloudJob
 from sync.db import insert
 from sync.models import Attempt, Notification, Run, ScrapingJob, SyncTask, UTCDateTime
 

@@ -33,20 +33,20 @@ from sqlalchemy.orm import Session
 from config.datasets import Dataset
 from sync import logs, runs, staging, store
 from sync.bootstrap import Services
-from sync.client import (
+from sync.cloud.client import CloudClient
+from sync.cloud.download import InvalidRecord
+from sync.cloud.errors import (
     ApiBudgetExhaustedError,
     CloudAuthError,
-    CloudClient,
     CloudError,
     CloudNotFoundError,
     CloudRateLimitedError,
     CloudValidationError,
-    InvalidRecord,
-    ScrapingJob,
 )
-from sync.client import backoff as jittered
+from sync.cloud.jobs import CloudJob
 from sync.identity import RecordIdentity
 from sync.models import Attempt, Launch, Run, SyncTask
+from sync.retry import backoff as jittered
 from sync.staging import UpsertCounts
 from sync.store import Lease, StaleLeaseError
 
@@ -124,7 +124,7 @@ def backoff(failures: int, draw: float) -> float:
     return jittered(failures, draw, base=BACKOFF_BASE, cap=BACKOFF_CAP)
 
 
-def job_fingerprint(job: ScrapingJob, run_id: str) -> str:
+def job_fingerprint(job: CloudJob, run_id: str) -> str:
     """What a sync of ``job`` into ``run_id`` depends on, as Cloud reports it: a job whose
     fingerprint is unchanged since its last committed sync has nothing new to download."""
     facts = [
@@ -169,7 +169,7 @@ def classify(exc: BaseException, *, failures: int, draw: float, throttled: int =
     return Verdict("retry_wait", backoff(failures, draw), True)
 
 
-def resolve_target(services: Services, job: ScrapingJob) -> Target:
+def resolve_target(services: Services, job: CloudJob) -> Target:
     """Map a scraping job to its run: custom_id names a launch or a run; otherwise the dataset
     whose sitemap matches, with the window from the job's creation time."""
     with services.uow.begin() as session:
@@ -202,7 +202,7 @@ def resolve_target(services: Services, job: ScrapingJob) -> Target:
     return Target(dataset, dataset.run_id_for(window), window, None)
 
 
-def _feeds(services: Services, dataset: str, job: ScrapingJob) -> bool:
+def _feeds(services: Services, dataset: str, job: CloudJob) -> bool:
     """Whether the job's sitemap is the one the dataset is collected with: a custom_id alone
     never links a job from another sitemap to a dataset's run."""
     if dataset not in services.datasets.by_name:
@@ -210,7 +210,7 @@ def _feeds(services: Services, dataset: str, job: ScrapingJob) -> bool:
     return services.datasets.get(dataset).matches_sitemap(job.sitemap_id, job.sitemap_name)
 
 
-def _check_job(services: Services, lease: Lease, job: ScrapingJob) -> None:
+def _check_job(services: Services, lease: Lease, job: CloudJob) -> None:
     """Refuse a job Cloud describes in a way no sync can use."""
     if job.problems:
         raise UnusableJobError(
@@ -297,7 +297,7 @@ def _synced_fingerprint(services: Services, task_key: str) -> str | None:
 
 
 def _commit_unchanged(
-    services: Services, lease: Lease, job: ScrapingJob, target: Target, fingerprint: str
+    services: Services, lease: Lease, job: CloudJob, target: Target, fingerprint: str
 ) -> SyncResult:
     """Cloud reports the job as it was at the last committed sync: commit without downloading."""
     now = services.clock()
@@ -359,7 +359,7 @@ def _import(
     services: Services,
     cloud: CloudClient,
     lease: Lease,
-    job: ScrapingJob,
+    job: CloudJob,
     target: Target,
     *,
     fingerprint: str | None = None,

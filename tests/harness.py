@@ -28,7 +28,7 @@ from simulator import create_app as create_simulator
 from simulator.server import SimServer
 from sync import bootstrap
 from sync.bootstrap import Services
-from sync.budget import MemoryApiBudget
+from sync.cloud.budget import MemoryApiBudget
 from sync.db import UnitOfWork
 from sync.models import Attempt, Observation, SyncTask
 from sync.queue import RQDispatcher

@@ -12,7 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from sync.client import CloudClient, RetryPolicy
+from sync.cloud.client import CloudClient
+from sync.cloud.policy import RetryPolicy
 
 TOKEN = "tok-SECRET-4f7a9b2c"
 BASE_URL = "https://api.webscraper.io/api/v1/"

@@ -10,8 +10,10 @@ import httpx
 import pytest
 import redis
 
-from sync.budget import ApiBudget, MemoryApiBudget, RedisApiBudget, account_key_for
-from sync.client import ApiBudgetExhaustedError, CloudClient, RetryPolicy
+from sync.cloud.budget import ApiBudget, MemoryApiBudget, RedisApiBudget, account_key_for
+from sync.cloud.client import CloudClient
+from sync.cloud.errors import ApiBudgetExhaustedError
+from sync.cloud.policy import RetryPolicy
 from tests.client.conftest import REDIS_URL, TOKEN, FakeClock, Scripted, download, envelope, jsonl
 
 MakeClient = Callable[..., tuple[CloudClient, Scripted]]

@@ -8,7 +8,8 @@ from typing import Any
 
 import httpx
 
-from sync.client import CloudClient, ProblematicUrl
+from sync.cloud.client import CloudClient
+from sync.cloud.jobs import ProblematicUrl
 from tests.client.conftest import Scripted, envelope
 
 MakeClient = Callable[..., tuple[CloudClient, Scripted]]

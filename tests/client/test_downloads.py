@@ -8,13 +8,9 @@ from collections.abc import Callable, Generator
 import httpx
 import pytest
 
-from sync.client import (
-    CloudClient,
-    CloudError,
-    CloudNotFoundError,
-    DownloadIncompleteError,
-    RetryPolicy,
-)
+from sync.cloud.client import CloudClient
+from sync.cloud.errors import CloudError, CloudNotFoundError, DownloadIncompleteError
+from sync.cloud.policy import RetryPolicy
 from tests.client.conftest import (
     ChunkStream,
     FakeClock,

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from sync.client import (
+from sync.cloud.client import CloudClient
+from sync.cloud.errors import (
     CloudAuthError,
-    CloudClient,
     CloudError,
     CloudNotFoundError,
     CloudRateLimitedError,
@@ -113,7 +113,7 @@ def test_data_of_the_wrong_shape_is_an_error(make_client: MakeClient) -> None:
 
 def test_server_errors_and_rate_limits_have_their_own_types(make_client: MakeClient) -> None:
     """5xx and 429 map to their classes once retries are spent."""
-    from sync.client import RetryPolicy
+    from sync.cloud.policy import RetryPolicy
 
     client, _ = make_client(failure(502), retry=RetryPolicy(max_attempts=1))
     with pytest.raises(CloudServerError) as server:
@@ -131,7 +131,7 @@ def test_server_errors_and_rate_limits_have_their_own_types(make_client: MakeCli
 
 def test_connection_errors_become_transport_errors(make_client: MakeClient) -> None:
     """A refused connection surfaces as CloudTransportError with the call named, never raw httpx."""
-    from sync.client import RetryPolicy
+    from sync.cloud.policy import RetryPolicy
 
     client, _ = make_client(
         httpx.ConnectError("[Errno 111] Connection refused"), retry=RetryPolicy(max_attempts=1)
@@ -187,7 +187,7 @@ def test_errors_survive_pickling_with_their_fields() -> None:
     """Errors cross process boundaries (RQ, multiprocessing) with status and retry hint intact."""
     import pickle
 
-    from sync.client import ApiBudgetExhaustedError, DownloadIncompleteError
+    from sync.cloud.errors import ApiBudgetExhaustedError, DownloadIncompleteError
 
     errors: list[CloudError] = [
         CloudValidationError("POST x: HTTP 422", status=422, validation_errors={"a": ["b"]}),

@@ -8,17 +8,17 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from sync.client import (
+from sync.cloud.client import CloudClient
+from sync.cloud.errors import (
     CloudAuthError,
-    CloudClient,
     CloudError,
     CloudNotFoundError,
     CloudRateLimitedError,
     CloudServerError,
     CloudTransportError,
     CloudValidationError,
-    RetryPolicy,
 )
+from sync.cloud.policy import RetryPolicy
 from tests.client.conftest import FakeClock, Scripted, envelope, failure
 
 MakeClient = Callable[..., tuple[CloudClient, Scripted]]

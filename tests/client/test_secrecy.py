@@ -9,7 +9,9 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from sync.client import CloudClient, CloudError, RetryPolicy
+from sync.cloud.client import CloudClient
+from sync.cloud.errors import CloudError
+from sync.cloud.policy import RetryPolicy
 from tests.client.conftest import TOKEN, FakeClock, Scripted, download, envelope, failure, jsonl
 
 MakeClient = Callable[..., tuple[CloudClient, Scripted]]

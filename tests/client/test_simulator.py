@@ -13,19 +13,19 @@ import httpx
 import pytest
 
 from simulator import CloudState, create_app, serve
-from sync.budget import MemoryApiBudget
-from sync.client import (
+from sync.cloud.budget import MemoryApiBudget
+from sync.cloud.client import CloudClient
+from sync.cloud.errors import (
     ApiBudgetExhaustedError,
     CloudAuthError,
-    CloudClient,
     CloudNotFoundError,
     CloudRateLimitedError,
     CloudTransportError,
     CloudValidationError,
     DownloadIncompleteError,
-    ProblematicUrl,
-    RetryPolicy,
 )
+from sync.cloud.jobs import ProblematicUrl
+from sync.cloud.policy import RetryPolicy
 from tests.client.conftest import FakeClock
 
 SIM_TOKEN = "sim-token"

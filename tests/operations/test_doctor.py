@@ -14,7 +14,7 @@ import pytest
 from redis import Redis
 
 from simulator import CloudState, SimServer, serve
-from sync.budget import RedisApiBudget, account_key_for
+from sync.cloud.budget import RedisApiBudget, account_key_for
 from tests.conftest import REDIS_URL
 from tests.harness import BIN
 

@@ -17,7 +17,7 @@ from simulator import create_app as create_simulator
 from sync import launch
 from sync.bootstrap import Services, worker_retry_policy
 from sync.cli import main
-from sync.client import CloudClient
+from sync.cloud.client import CloudClient
 from sync.models import Launch, Run
 from tests.harness import API_TOKEN, products_sitemap
 

@@ -16,7 +16,7 @@ from config.settings import Settings
 from simulator import CloudState
 from sync import bootstrap, jobs, outbox, reconcile, store
 from sync.bootstrap import Services
-from sync.budget import MemoryApiBudget
+from sync.cloud.budget import MemoryApiBudget
 from tests.acceptance.flow import (
     DATASETS_TOML,
     Receiver,

@@ -21,8 +21,8 @@ from simulator import CloudState, generate_records
 from simulator import create_app as create_simulator
 from sync import bootstrap, jobs, reconcile, runs, store, tasks
 from sync.bootstrap import Services
-from sync.budget import MemoryApiBudget
-from sync.client import CloudClient
+from sync.cloud.budget import MemoryApiBudget
+from sync.cloud.client import CloudClient
 from sync.models import (
     Attempt,
     Launch,

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from simulator import CloudState, SimServer, generate_records
-from sync.client import CloudClient
+from sync.cloud.client import CloudClient
 from tests.simulator.conftest import JOB_SETTINGS, TOKEN
 
 PLAIN = {"Accept-Encoding": "identity"}

@@ -659,7 +659,7 @@ def test_a_429_without_retry_after_backs_off_longer_each_time_and_never_kills_th
 
     from simulator import create_app as create_simulator
     from sync.bootstrap import worker_retry_policy
-    from sync.client import CloudClient
+    from sync.cloud.client import CloudClient
 
     job_id = _finished_job(cloud, n=5)
     key = f"job-{job_id}"

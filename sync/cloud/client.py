@@ -1,27 +1,8 @@
 """Web Scraper Cloud API client: one httpx.Client, typed errors, retries decided by failure class.
 
-Every failed call to Cloud raises one of these (only the budget's own store, e.g. Redis,
-raises its own errors)::
-
-    CloudError                    status, error, validation_errors, retry_after
-    +-- CloudAuthError            401, 403: the token may not read this; never retried
-    +-- CloudNotFoundError        404: no such job or sitemap; never retried
-    +-- CloudValidationError      422, or a body with validationErrors; never retried
-    +-- CloudRateLimitedError     429: waits Retry-After (seconds or HTTP-date), else
-    |                             X-RateLimit-Reset, else capped full-jitter backoff
-    +-- CloudServerError          5xx: capped full-jitter backoff (idempotent calls only)
-    +-- CloudTransportError       connect errors, resets, timeouts: backoff
-    +-- DownloadIncompleteError   an export cut short; a truncated dataset is never yielded
-    +-- ApiBudgetExhaustedError   the shared local API budget says wait retry_after seconds
-
-Retry contract: `RetryPolicy` alone decides. A retryable failure is retried inline while
-attempts, the elapsed budget and `max_inline_wait` allow; otherwise the last typed error is
-raised with `retry_after` set to the wait it needed, so a sync task can park in retry_wait
-instead of blocking its worker. `retry_after is None` means "do not simply repeat this call":
-a 4xx, or a create_job whose fate is unknown (find the job by custom_id before launching again);
-on a 429 it means Cloud named no wait, so the caller backs off (`backoff`) by how often in a row
-it was refused.
-Downloads are retried only while nothing has been yielded.
+Every failed call raises a `sync.cloud.errors.CloudError`; `sync.cloud.policy.RetryPolicy`
+alone decides what is retried inline and what is handed back with `retry_after` set. Downloads
+are retried only while nothing has been yielded (`sync.cloud.download` turns a body into lines).
 
 Secrecy: the API token is added as the `api_token` query parameter by the innermost transport
 only, so no URL that httpx logs or puts in an exception carries it; every error message passes
@@ -32,254 +13,44 @@ are raised without chaining httpx's exceptions, and a filter on the "httpx" logg
 from __future__ import annotations
 
 import csv
-import email.utils
 import json
 import logging
 import time
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import UTC
-from random import random as _unit_random
-from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from types import TracebackType
+from typing import Any, Final
 
 import httpx
 import orjson
 
-from sync import secrecy
+from sync import retry, secrecy
+from sync.cloud.budget import ApiBudget
+from sync.cloud.download import (
+    DEFAULT_MAX_LINE_BYTES,
+    InvalidRecord,
+    SkippedLine,
+    body_lines,
+    is_json,
+)
+from sync.cloud.errors import (
+    CloudAuthError,
+    CloudError,
+    CloudNotFoundError,
+    CloudRateLimitedError,
+    CloudServerError,
+    CloudTransportError,
+    CloudValidationError,
+    DownloadIncompleteError,
+)
+from sync.cloud.jobs import CloudJob, ProblematicUrl, as_int
+from sync.cloud.policy import RetryPolicy
 
-if TYPE_CHECKING:
-    from sync.budget import ApiBudget
-
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("sync.client")  # the name operators filter these lines on
 
 DEFAULT_BASE_URL: Final = "https://api.webscraper.io/api/v1/"
 USER_AGENT: Final = "scrapesync/0.1"
-TERMINAL_STATUSES: Final = frozenset({"finished", "failed", "stopped", "shelved"})
-RUNNING_STATUSES: Final = frozenset(
-    {"waiting-to-be-scheduled", "scheduling", "scheduled", "started", "waiting"}
-)
 
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
-
-
-# --- errors -----------------------------------------------------------------------------------
-
-
-class CloudError(Exception):
-    """A Web Scraper Cloud call failed; status, Cloud's error text and a retry hint say how."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status: int | None = None,
-        error: str | None = None,
-        validation_errors: Mapping[str, list[str]] | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(secrecy.scrub(message))
-        self.status = status
-        self.error = error
-        self.validation_errors: Mapping[str, list[str]] = dict(validation_errors or {})
-        self.retry_after = retry_after
-
-    def __str__(self) -> str:
-        message = super().__str__()
-        if self.retry_after is None:
-            return message
-        return f"{message} (retry after {self.retry_after:.1f} s)"
-
-
-class CloudAuthError(CloudError):
-    """Cloud refused the token for this call (401 or 403)."""
-
-
-class CloudNotFoundError(CloudError):
-    """Cloud has no such scraping job or sitemap (404)."""
-
-
-class CloudValidationError(CloudError):
-    """Cloud rejected the request's fields (422 or a validationErrors body)."""
-
-
-class CloudRateLimitedError(CloudError):
-    """Cloud's per-account rate limit was hit (429)."""
-
-
-class CloudServerError(CloudError):
-    """Cloud failed on its side (5xx)."""
-
-
-class CloudTransportError(CloudError):
-    """The call never got an HTTP answer: connect error, reset or timeout."""
-
-    def __init__(self, message: str, *, request_sent: bool = True) -> None:
-        super().__init__(message)
-        self.request_sent = request_sent
-
-
-class DownloadIncompleteError(CloudError):
-    """An export download ended before its last byte; the records seen so far are not a dataset."""
-
-
-class ApiBudgetExhaustedError(CloudError):
-    """The API budget shared by all processes is spent until retry_after seconds from now."""
-
-    def __init__(self, message: str, *, retry_after: float = 0.0) -> None:
-        super().__init__(message, retry_after=retry_after)
-
-
-# --- retry policy -----------------------------------------------------------------------------
-
-
-def backoff(attempt: int, draw: float, *, base: float, cap: float) -> float:
-    """The one backoff of scrapesync: capped full jitter, ``draw * min(cap, base * 2**attempt)``
-    for a draw in [0, 1): it grows with ``attempt`` and never passes ``cap``."""
-    return draw * min(cap, base * 2.0 ** min(attempt, 64))
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long and how often a Cloud call is retried inline, decided by failure class."""
-
-    max_attempts: int = 4
-    max_elapsed: float = 60.0
-    base: float = 0.5
-    cap: float = 30.0
-    max_inline_wait: float = 10.0
-    rate_limit_margin: float = 1.0
-    random: Callable[[], float] = field(default=_unit_random, repr=False, compare=False)
-
-    def delay(self, error: CloudError, attempt: int, *, idempotent: bool = True) -> float | None:
-        """Seconds to wait before retrying after error on 1-based attempt; None: never retry."""
-        if isinstance(error, ApiBudgetExhaustedError):
-            return error.retry_after if error.retry_after is not None else self.backoff(attempt)
-        if isinstance(error, CloudRateLimitedError):
-            # Cloud rejects a throttled call before acting on it, so even a create may repeat.
-            if error.retry_after is not None:
-                return error.retry_after + self.rate_limit_margin
-            return self.backoff(attempt)
-        if isinstance(error, CloudServerError):
-            if not idempotent:
-                return None
-            wait = self.backoff(attempt)
-            return wait if error.retry_after is None else max(wait, error.retry_after)
-        if isinstance(error, CloudTransportError):
-            if not idempotent and error.request_sent:
-                return None
-            return self.backoff(attempt)
-        if isinstance(error, DownloadIncompleteError):
-            return self.backoff(attempt)
-        return None
-
-    def backoff(self, attempt: int) -> float:
-        """Capped full-jitter backoff: uniform(0, min(cap, base * 2**attempt))."""
-        return backoff(attempt, self.random(), base=self.base, cap=self.cap)
-
-    def retry_inline(self, wait: float, *, attempt: int, elapsed: float) -> bool:
-        """Whether to sleep wait seconds and try again now, rather than hand the wait back."""
-        return (
-            attempt < self.max_attempts
-            and wait <= self.max_inline_wait
-            and elapsed + wait <= self.max_elapsed
-        )
-
-
-# --- domain values ----------------------------------------------------------------------------
-
-
-MAX_COUNTER: Final = 2**63 - 1  # the widest integer column
-MAX_TIMESTAMP: Final = 253402300799  # 9999-12-31T23:59:59Z, the last second a datetime holds
-
-
-def _as_int(value: Any, default: int = 0) -> int:
-    if value is None or value == "":
-        return default
-    if isinstance(value, int):
-        return value
-    try:
-        return int(float(value))
-    except (TypeError, ValueError, OverflowError):
-        return default
-
-
-@dataclass(frozen=True)
-class ScrapingJob:
-    """One Cloud scraping job as Cloud reports it now."""
-
-    id: int
-    sitemap_id: int
-    sitemap_name: str
-    status: str
-    custom_id: str | None
-    time_created: int | None
-    jobs_scheduled: int
-    jobs_executed: int
-    jobs_failed: int
-    jobs_empty: int
-    jobs_no_value: int
-    stored_record_count: int
-    scraping_duration: int
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
-    problems: tuple[str, ...] = field(default=(), compare=False)
-
-    @classmethod
-    def from_api(cls, data: Mapping[str, Any]) -> ScrapingJob:
-        """Build a scraping job from Cloud's job object; an empty custom_id becomes None. A
-        counter outside 0..2**63-1 or a time_created that is no date is kept out (0, None) and
-        named in ``problems``."""
-        problems: list[str] = []
-
-        def counter(name: str) -> int:
-            value = _as_int(data.get(name))
-            if not 0 <= value <= MAX_COUNTER:
-                problems.append(f"{name} = {value} is out of range")
-                return 0
-            return value
-
-        custom_id = data.get("custom_id")
-        raw_created = data.get("time_created")
-        time_created = None if raw_created in (None, "") else _as_int(raw_created)
-        if time_created is not None and not 0 <= time_created <= MAX_TIMESTAMP:
-            problems.append(f"time_created = {raw_created!r} is not a date")
-            time_created = None
-        return cls(
-            id=_as_int(data.get("id")),
-            sitemap_id=_as_int(data.get("sitemap_id")),
-            sitemap_name=str(data.get("sitemap_name") or ""),
-            status=str(data.get("status") or ""),
-            custom_id=str(custom_id) if custom_id not in (None, "") else None,
-            time_created=time_created,
-            jobs_scheduled=counter("jobs_scheduled"),
-            jobs_executed=counter("jobs_executed"),
-            jobs_failed=counter("jobs_failed"),
-            jobs_empty=counter("jobs_empty"),
-            jobs_no_value=counter("jobs_no_value"),
-            stored_record_count=counter("stored_record_count"),
-            scraping_duration=counter("scraping_duration"),
-            raw=MappingProxyType(dict(data)),
-            problems=tuple(problems),
-        )
-
-    @property
-    def is_terminal(self) -> bool:
-        """Cloud has stopped working on the job: finished, failed, stopped or shelved."""
-        return self.status in TERMINAL_STATUSES
-
-    @property
-    def is_running(self) -> bool:
-        """The job is queued or scraping; its data is not final yet."""
-        return self.status in RUNNING_STATUSES
-
-
-@dataclass(frozen=True)
-class ProblematicUrl:
-    """A page of a scraping job that came back empty, failed or without values."""
-
-    url: str
-    type: str
 
 
 # --- plumbing ---------------------------------------------------------------------------------
@@ -335,84 +106,6 @@ class _TokenTransport(httpx.BaseTransport):
         return f"<_TokenTransport api_token=*** inner={type(self._inner).__name__}>"
 
 
-INFLATE_PIECE: Final = 1 << 20
-DEFAULT_MAX_LINE_BYTES: Final = 4 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class SkippedLine:
-    """A line of an export that was not kept: longer than the limit (streamed past, never held
-    whole) or not UTF-8. ``size`` is its length in bytes, line break included."""
-
-    size: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class InvalidRecord:
-    """A line of a scraping job's export that cannot be stored: its line number, a stable
-    reason code and what was wrong."""
-
-    line: int
-    reason: str
-    detail: str
-    partition: str | None = None
-
-
-class _Gunzip:
-    """Incremental gzip decoder that can tell a complete stream from one cut short."""
-
-    def __init__(self) -> None:
-        self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
-        self._started = False
-
-    def feed(self, chunk: bytes) -> Iterator[bytes]:
-        """Decompress one chunk of the wire body (members may follow one another) in pieces of
-        at most INFLATE_PIECE bytes, so a small chunk that inflates to gigabytes (a gzip bomb)
-        never sits in memory at once."""
-        while chunk:
-            if self._decoder.eof:  # a second gzip member follows the first
-                self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
-            self._started = True
-            piece = self._decoder.decompress(chunk, INFLATE_PIECE)
-            if piece:
-                yield piece
-            if self._decoder.eof:
-                chunk = self._decoder.unused_data
-            else:
-                chunk = self._decoder.unconsumed_tail
-
-    def complete(self) -> bool:
-        """Whether the stream ended on a gzip member's trailer (or never started)."""
-        return not self._started or self._decoder.eof
-
-
-def _split_block(pending: bytearray, cut: int, limit: int) -> Iterator[str | SkippedLine]:
-    """The complete lines of ``pending[: cut + 1]``, each ending in a line break; a line over
-    ``limit`` bytes or not UTF-8 becomes a SkippedLine."""
-    block = bytes(pending[: cut + 1])
-    try:  # a block that ends on a line break never splits a UTF-8 character
-        lines = block.decode("utf-8").split("\n")
-    except UnicodeDecodeError:
-        lines = None
-    if lines is not None:
-        lines.pop()
-        for line in lines:
-            if len(line) > limit // 4 and len(line.encode()) > limit:
-                yield SkippedLine(len(line.encode()) + 1, "line_too_long")
-            else:
-                yield line + "\n"
-        return
-    for raw in block.split(b"\n")[:-1]:  # find the lines that are not UTF-8
-        if len(raw) > limit:
-            yield SkippedLine(len(raw) + 1, "line_too_long")
-            continue
-        try:
-            yield raw.decode("utf-8") + "\n"
-        except UnicodeDecodeError:
-            yield SkippedLine(len(raw) + 1, "not_utf8")
-
-
 def _header_float(headers: httpx.Headers, name: str) -> float | None:
     value = headers.get(name)
     if value is None:
@@ -440,14 +133,6 @@ def _id(value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"Cloud ids are ints, got {value!r}")
     return value
-
-
-def _is_json(line: str) -> bool:
-    try:
-        json.loads(line)
-    except ValueError:
-        return False
-    return True
 
 
 # --- the client -------------------------------------------------------------------------------
@@ -519,16 +204,16 @@ class CloudClient:
 
     # --- scraping jobs ------------------------------------------------------------------------
 
-    def get_job(self, job_id: int) -> ScrapingJob:
+    def get_job(self, job_id: int) -> CloudJob:
         """Ask Cloud for one scraping job's current state."""
         path = f"scraping-job/{_id(job_id)}"
-        job = ScrapingJob.from_api(self._object(self._call("GET", path)["data"], "GET", path))
+        job = CloudJob.from_api(self._object(self._call("GET", path)["data"], "GET", path))
         if job.id != job_id:  # never take another job's state (or, later, its export) for this one
             raise CloudError(f"GET {path}: Cloud answered with scraping job {job.id}")
         self._record_counts[job.id] = job.stored_record_count
         return job
 
-    def iter_jobs(self, *, sitemap_id: int | None = None) -> Iterator[ScrapingJob]:
+    def iter_jobs(self, *, sitemap_id: int | None = None) -> Iterator[CloudJob]:
         """Every scraping job of the account (or of one sitemap), page by page, each once."""
         seen: set[int] = set()
         for _page, jobs in self.iter_job_pages(sitemap_id=sitemap_id):
@@ -539,17 +224,14 @@ class CloudClient:
 
     def iter_job_pages(
         self, *, sitemap_id: int | None = None, start_page: int = 1
-    ) -> Iterator[tuple[int, list[ScrapingJob]]]:
+    ) -> Iterator[tuple[int, list[CloudJob]]]:
         """The job list page by page from ``start_page``, so a listing interrupted by a rate
         limit resumes where it stopped instead of spending calls on pages it already has."""
         params = {} if sitemap_id is None else {"sitemap_id": f"{_id(sitemap_id)}"}
         for page, items in self._page_lists("scraping-jobs", params, start_page=start_page):
             yield (
                 page,
-                [
-                    ScrapingJob.from_api(self._object(item, "GET", "scraping-jobs"))
-                    for item in items
-                ],
+                [CloudJob.from_api(self._object(item, "GET", "scraping-jobs")) for item in items],
             )
 
     def create_job(
@@ -579,7 +261,7 @@ class CloudClient:
             body["custom_id"] = custom_id
         envelope = self._call("POST", "scraping-job", body=body, idempotent=False)
         data = self._object(envelope["data"], "POST", "scraping-job")
-        job_id = _as_int(data.get("id"))
+        job_id = as_int(data.get("id"))
         if job_id <= 0:
             raise CloudError(f"POST scraping-job: HTTP 200 without a job id: {data!r}")
         return job_id
@@ -604,7 +286,7 @@ class CloudClient:
         path = f"scraping-job/{_id(job_id)}/json"
         number = 0
         progress, total = self.progress, self._record_counts.get(job_id)
-        for line in self._download_lines(path, final_line_ok=_is_json):
+        for line in self._download_lines(path, final_line_ok=is_json):
             number += 1
             if progress is not None and number % PROGRESS_EVERY == 0:
                 progress("records", number, total)
@@ -753,7 +435,7 @@ class CloudClient:
             data = envelope.get("data")
             if not isinstance(data, list) or not data:
                 return
-            last_page = _as_int(envelope.get("last_page"), default=page)
+            last_page = as_int(envelope.get("last_page"), default=page)
             if self.progress is not None:
                 self.progress(path, page, last_page)
             yield page, data
@@ -797,82 +479,15 @@ class CloudClient:
             if response.status_code != 200:
                 payload = self._payload(response)
                 raise self._error(response, payload, "GET", path)
-            yield from self._body_lines(response, path, final_line_ok)
+            yield from body_lines(
+                response,
+                path,
+                final_line_ok=final_line_ok,
+                limit=self._max_line_bytes,
+                scrub=self._scrub,
+            )
         finally:
             response.close()
-
-    def _body_lines(
-        self, response: httpx.Response, path: str, final_line_ok: Callable[[str], bool]
-    ) -> Iterator[str | SkippedLine]:
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("gzip", "identity", ""):
-            raise CloudError(f"GET {path}: unexpected Content-Encoding {encoding!r}")
-        gunzip = _Gunzip() if encoding == "gzip" else None
-        length = response.headers.get("Content-Length")
-        expected = int(length) if length is not None and length.isdigit() else None
-        limit = self._max_line_bytes
-        received = 0
-        pending = bytearray()
-        skipping = -1  # bytes of an over-long line streamed past so far; -1: not skipping
-        chunks = response.iter_raw()
-        failure: CloudError | None = None
-        while failure is None:
-            try:
-                chunk = next(chunks, None)
-            except (httpx.HTTPError, OSError) as exc:
-                failure = DownloadIncompleteError(
-                    f"GET {path}: connection lost after {received} bytes: "
-                    f"{type(exc).__name__}: {self._scrub(str(exc))}"
-                )
-                break
-            if chunk is None:
-                break
-            received += len(chunk)
-            pieces: Iterator[bytes] = iter((chunk,)) if gunzip is None else gunzip.feed(chunk)
-            while True:
-                try:
-                    data = next(pieces, None)
-                except zlib.error:
-                    failure = DownloadIncompleteError(f"GET {path}: gzip stream is corrupt")
-                    break
-                if data is None:
-                    break
-                if skipping >= 0:  # inside an over-long line: drop bytes up to its line break
-                    end = data.find(b"\n")
-                    if end < 0:
-                        skipping += len(data)
-                        continue
-                    yield SkippedLine(skipping + end + 1, "line_too_long")
-                    skipping = -1
-                    data = data[end + 1 :]
-                pending += data
-                cut = pending.rfind(b"\n")
-                if cut >= 0:
-                    yield from _split_block(pending, cut, limit)
-                    del pending[: cut + 1]
-                if len(pending) > limit:  # the line under way is already too long
-                    skipping = len(pending)
-                    pending.clear()
-        if failure is None and expected is not None and received < expected:
-            failure = DownloadIncompleteError(
-                f"GET {path}: body has {received} of {expected} bytes (Content-Length)"
-            )
-        if failure is None and gunzip is not None and not gunzip.complete():
-            failure = DownloadIncompleteError(f"GET {path}: gzip stream ends early")
-        last = ""
-        if failure is None and pending:
-            try:
-                last = pending.decode("utf-8")
-            except UnicodeDecodeError:
-                failure = DownloadIncompleteError(f"GET {path}: last line ends mid-character")
-        if failure is None and last and not final_line_ok(last):
-            failure = DownloadIncompleteError(f"GET {path}: last line is cut short")
-        if failure is not None:
-            raise failure
-        if skipping >= 0:
-            yield SkippedLine(skipping, "line_too_long")
-        if last:
-            yield last
 
     # --- shared steps -------------------------------------------------------------------------
 
@@ -977,20 +592,9 @@ class CloudClient:
 
     def _server_wait(self, headers: httpx.Headers) -> float | None:
         """Seconds Cloud asked us to wait: Retry-After (seconds or HTTP-date), else the reset."""
-        retry_after = (headers.get("Retry-After") or "").strip()
-        if retry_after:
-            try:
-                return max(0.0, float(retry_after))
-            except ValueError:
-                pass
-            try:
-                when = email.utils.parsedate_to_datetime(retry_after)
-            except (TypeError, ValueError, IndexError):
-                when = None
-            if when is not None:
-                if when.tzinfo is None:  # "-0000" parses naive; HTTP-dates are GMT
-                    when = when.replace(tzinfo=UTC)
-                return max(0.0, when.timestamp() - self._clock())
+        wait = retry.retry_after(headers.get("Retry-After"), now=self._clock())
+        if wait is not None:
+            return wait
         reset_at = _header_float(headers, "X-RateLimit-Reset")  # sent only once the limit is hit
         if reset_at is not None:
             return max(0.0, reset_at - self._clock())

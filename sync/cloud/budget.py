@@ -23,7 +23,7 @@ from typing import Any, Final, Protocol
 
 from redis import Redis
 
-from sync.client import ApiBudgetExhaustedError
+from sync.cloud.errors import ApiBudgetExhaustedError
 
 DEFAULT_LIMIT: Final = 200
 DEFAULT_WINDOW: Final = 900.0

@@ -1,0 +1,185 @@
+"""An export's body as lines: gunzipped piece by piece, never held whole, never cut short.
+
+A download yields complete lines only. A line longer than the limit is streamed past and comes
+as a SkippedLine (so is one that is not UTF-8); a body that ends early (Content-Length not
+reached, a gzip stream without its trailer, a connection lost, a last line cut short) raises
+DownloadIncompleteError instead of yielding a truncated dataset.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+import httpx
+
+from sync.cloud.errors import CloudError, DownloadIncompleteError
+
+INFLATE_PIECE: Final = 1 << 20
+DEFAULT_MAX_LINE_BYTES: Final = 4 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class SkippedLine:
+    """A line of an export that was not kept: longer than the limit (streamed past, never held
+    whole) or not UTF-8. ``size`` is its length in bytes, line break included."""
+
+    size: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class InvalidRecord:
+    """A line of a scraping job's export that cannot be stored: its line number, a stable
+    reason code and what was wrong."""
+
+    line: int
+    reason: str
+    detail: str
+    partition: str | None = None
+
+
+class _Gunzip:
+    """Incremental gzip decoder that can tell a complete stream from one cut short."""
+
+    def __init__(self) -> None:
+        self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        self._started = False
+
+    def feed(self, chunk: bytes) -> Iterator[bytes]:
+        """Decompress one chunk of the wire body (members may follow one another) in pieces of
+        at most INFLATE_PIECE bytes, so a small chunk that inflates to gigabytes (a gzip bomb)
+        never sits in memory at once."""
+        while chunk:
+            if self._decoder.eof:  # a second gzip member follows the first
+                self._decoder = zlib.decompressobj(zlib.MAX_WBITS | 16)
+            self._started = True
+            piece = self._decoder.decompress(chunk, INFLATE_PIECE)
+            if piece:
+                yield piece
+            if self._decoder.eof:
+                chunk = self._decoder.unused_data
+            else:
+                chunk = self._decoder.unconsumed_tail
+
+    def complete(self) -> bool:
+        """Whether the stream ended on a gzip member's trailer (or never started)."""
+        return not self._started or self._decoder.eof
+
+
+def _split_block(pending: bytearray, cut: int, limit: int) -> Iterator[str | SkippedLine]:
+    """The complete lines of ``pending[: cut + 1]``, each ending in a line break; a line over
+    ``limit`` bytes or not UTF-8 becomes a SkippedLine."""
+    block = bytes(pending[: cut + 1])
+    try:  # a block that ends on a line break never splits a UTF-8 character
+        lines = block.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        lines = None
+    if lines is not None:
+        lines.pop()
+        for line in lines:
+            if len(line) > limit // 4 and len(line.encode()) > limit:
+                yield SkippedLine(len(line.encode()) + 1, "line_too_long")
+            else:
+                yield line + "\n"
+        return
+    for raw in block.split(b"\n")[:-1]:  # find the lines that are not UTF-8
+        if len(raw) > limit:
+            yield SkippedLine(len(raw) + 1, "line_too_long")
+            continue
+        try:
+            yield raw.decode("utf-8") + "\n"
+        except UnicodeDecodeError:
+            yield SkippedLine(len(raw) + 1, "not_utf8")
+
+
+def is_json(line: str) -> bool:
+    """Whether a line parses as JSON: the last line of a JSON Lines export is whole."""
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def body_lines(
+    response: httpx.Response,
+    path: str,
+    *,
+    final_line_ok: Callable[[str], bool],
+    limit: int,
+    scrub: Callable[[str], str],
+) -> Iterator[str | SkippedLine]:
+    """The lines of a streamed export response, each a str (line break kept) or a SkippedLine;
+    DownloadIncompleteError if the body turns out cut short."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("gzip", "identity", ""):
+        raise CloudError(f"GET {path}: unexpected Content-Encoding {encoding!r}")
+    gunzip = _Gunzip() if encoding == "gzip" else None
+    length = response.headers.get("Content-Length")
+    expected = int(length) if length is not None and length.isdigit() else None
+    received = 0
+    pending = bytearray()
+    skipping = -1  # bytes of an over-long line streamed past so far; -1: not skipping
+    chunks = response.iter_raw()
+    failure: CloudError | None = None
+    while failure is None:
+        try:
+            chunk = next(chunks, None)
+        except (httpx.HTTPError, OSError) as exc:
+            failure = DownloadIncompleteError(
+                f"GET {path}: connection lost after {received} bytes: "
+                f"{type(exc).__name__}: {scrub(str(exc))}"
+            )
+            break
+        if chunk is None:
+            break
+        received += len(chunk)
+        pieces: Iterator[bytes] = iter((chunk,)) if gunzip is None else gunzip.feed(chunk)
+        while True:
+            try:
+                data = next(pieces, None)
+            except zlib.error:
+                failure = DownloadIncompleteError(f"GET {path}: gzip stream is corrupt")
+                break
+            if data is None:
+                break
+            if skipping >= 0:  # inside an over-long line: drop bytes up to its line break
+                end = data.find(b"\n")
+                if end < 0:
+                    skipping += len(data)
+                    continue
+                yield SkippedLine(skipping + end + 1, "line_too_long")
+                skipping = -1
+                data = data[end + 1 :]
+            pending += data
+            cut = pending.rfind(b"\n")
+            if cut >= 0:
+                yield from _split_block(pending, cut, limit)
+                del pending[: cut + 1]
+            if len(pending) > limit:  # the line under way is already too long
+                skipping = len(pending)
+                pending.clear()
+    if failure is None and expected is not None and received < expected:
+        failure = DownloadIncompleteError(
+            f"GET {path}: body has {received} of {expected} bytes (Content-Length)"
+        )
+    if failure is None and gunzip is not None and not gunzip.complete():
+        failure = DownloadIncompleteError(f"GET {path}: gzip stream ends early")
+    last = ""
+    if failure is None and pending:
+        try:
+            last = pending.decode("utf-8")
+        except UnicodeDecodeError:
+            failure = DownloadIncompleteError(f"GET {path}: last line ends mid-character")
+    if failure is None and last and not final_line_ok(last):
+        failure = DownloadIncompleteError(f"GET {path}: last line is cut short")
+    if failure is not None:
+        raise failure
+    if skipping >= 0:
+        yield SkippedLine(skipping, "line_too_long")
+    if last:
+        yield last
