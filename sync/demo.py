@@ -34,7 +34,7 @@ from config.settings import Settings
 from simulator import CloudState, serve
 from sync import bootstrap, db, export, launch, logs, outbox, reconcile, status, store
 from sync.models import Delivery, Observation, Run, SyncTask
-from sync.queue import Dispatcher, RQDispatcher, sync_job_id
+from sync.queue import Dispatcher, JobKinds, RQDispatcher
 
 DEMO_TOKEN = "demo-cloud-token"  # noqa: S105 - the simulator's token, valid nowhere else
 SECRET_VARIABLE = "SCRAPESYNC_DEMO_HOOK_SECRET"  # noqa: S105 - a variable name, not a secret
@@ -43,7 +43,7 @@ DEFAULT_TIMEOUT = 90.0
 log = logs.get("demo")
 
 
-class InProcessQueue:
+class InProcessQueue(JobKinds):
     """A Dispatcher that runs ``sync.jobs`` functions on one background thread, in due order,
     for the demo and other single-process uses. Waiting job ids coalesce as in RQ."""
 
@@ -58,14 +58,14 @@ class InProcessQueue:
         self._thread = threading.Thread(target=self._work, name="demo-worker", daemon=True)
         self._thread.start()
 
-    def enqueue_sync(
-        self, task_key: str, *, generation: int, attempts: int, at: datetime | None = None
+    def enqueue_call(
+        self,
+        func: str,
+        *args: Any,
+        job_id: str,
+        at: datetime | None = None,
+        job_timeout: int | None = None,
     ) -> bool:
-        """Queue ``sync.jobs.run_sync(task_key)``."""
-        job_id = sync_job_id(task_key, generation, attempts)
-        return self.enqueue_call("sync.jobs.run_sync", task_key, job_id=job_id, at=at)
-
-    def enqueue_call(self, func: str, *args: Any, job_id: str, at: datetime | None = None) -> bool:
         """Queue ``func(*args)`` (a dotted path) unless ``job_id`` already waits."""
         with self._wake:
             if job_id in self._waiting:

@@ -457,7 +457,7 @@ def _settle(services: Services, claim: Claim, outcome: Outcome) -> bool:
     else:
         log.warning(f"delivery.{outcome.state}", extra=extra)
     if settled and outcome.state == "failed":
-        enqueue_delivery(services, claim.event_id, at=next_at, suffix=f"a{claim.attempts}")
+        services.dispatcher.delivery(claim.event_id, at=next_at, suffix=f"a{claim.attempts}")
     return settled
 
 
@@ -487,19 +487,6 @@ def _summarise(session: Session, event_id: str, now: datetime) -> None:
 # --- queueing ---------------------------------------------------------------------------------
 
 
-def enqueue_delivery(
-    services: Services, event_id: str, *, at: datetime | None = None, suffix: str = "now"
-) -> bool:
-    """Queue delivery of one event (at ``at``); a Redis failure is logged, the sweep re-drives."""
-    try:
-        return services.dispatcher.enqueue_call(
-            "sync.jobs.deliver", event_id, job_id=f"deliver-{event_id}-{suffix}", at=at
-        )
-    except Exception:  # the delivery rows in SQL are the truth; the maintenance sweep re-drives
-        log.warning("delivery.enqueue_failed", extra={"event_id": event_id}, exc_info=True)
-        return False
-
-
 def due_deliveries(session: Session, *, now: datetime) -> int:
     """How many deliveries are due now, including ``sending`` ones whose worker died."""
     return int(session.execute(select(func.count()).where(_due(now))).scalar_one())
@@ -511,9 +498,6 @@ def redrive(services: Services) -> int:
     with services.uow.begin() as session:
         due = due_deliveries(session, now=now)
     if due:
-        bucket = int(now.timestamp() // services.settings.sweep_interval)
-        try:
-            services.dispatcher.enqueue_call("sync.jobs.relay", job_id=f"relay-{bucket}")
-        except Exception:  # next sweep tries again
-            log.warning("relay.enqueue_failed", exc_info=True)
+        # a failure is logged; the next sweep asks again
+        services.dispatcher.relay(bucket=int(now.timestamp() // services.settings.sweep_interval))
     return due

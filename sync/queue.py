@@ -1,12 +1,19 @@
 """Handing work to workers through RQ. Redis is a transport, never the system of record: a lost
 RQ job is found again by the sweeper from the task rows in SQL.
 
+The dispatcher has one method per job kind (sync, evaluation, delivery, relay, reconcile,
+maintenance); it alone knows the jobs' dotted names (``sync.jobs.*``, which jobs already waiting
+in Redis name across a deploy) and their ids. Queueing never raises: a failure is logged and
+answered ``None``, because the state in SQL that asked for the job is durable and a sweep asks
+again.
+
 RQ job ids are deterministic (``sync-<task key>-g<generation>-a<attempts>``), so repeats of the
 same wish coalesce into the job that is already waiting.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
@@ -17,9 +24,13 @@ from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
+from sync import logs
+
 QUEUE_NAME = "scrapesync"
 SYNC_JOB_TIMEOUT = 3 * 3600  # RQ's default 180 s would kill a big export's sync every time
 WAITING = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
+
+log = logs.get("queue")
 
 
 def sync_job_id(task_key: str, generation: int, attempts: int) -> str:
@@ -27,21 +38,156 @@ def sync_job_id(task_key: str, generation: int, attempts: int) -> str:
     return f"sync-{task_key}-g{generation}-a{attempts}"
 
 
+def evaluation_job_id(run_id: str, suffix: str) -> str:
+    """An RQ job id for evaluating ``run_id`` (``[A-Za-z0-9_-]`` whatever the run id holds)."""
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:16]
+    return f"evaluate-{digest}-{suffix}"
+
+
 class Dispatcher(Protocol):
-    """Where sync tasks are handed to workers."""
+    """Where work is handed to workers: one method per job kind. Each answers True when it
+    queued the job, False when that job already waits, None when it could not be queued (the
+    failure is logged under ``failure_event``; the durable state in SQL has it queued again)."""
 
-    def enqueue_sync(
-        self, task_key: str, *, generation: int, attempts: int, at: datetime | None = None
+    def sync(
+        self,
+        task_key: str,
+        *,
+        generation: int,
+        attempts: int,
+        at: datetime | None = None,
+        failure_event: str = "sync.enqueue_failed",
+    ) -> bool | None:
+        """Queue a sync of ``task_key`` (at ``at``, if given)."""
+        ...
+
+    def evaluation(self, run_id: str, *, suffix: str) -> bool | None:
+        """Queue an evaluation of ``run_id``."""
+        ...
+
+    def delivery(
+        self, event_id: str, *, at: datetime | None = None, suffix: str = "now"
+    ) -> bool | None:
+        """Queue delivery of one outbox event (at ``at``, if given)."""
+        ...
+
+    def relay(self, *, bucket: int) -> bool | None:
+        """Queue a relay pass over every due delivery, once per sweep interval ``bucket``."""
+        ...
+
+    def reconcile(self, *, bucket: int) -> bool | None:
+        """Queue a reconcile pass, once per reconcile interval ``bucket``."""
+        ...
+
+    def maintenance(self, *, bucket: int) -> bool | None:
+        """Queue a maintenance pass, once per sweep interval ``bucket``."""
+        ...
+
+
+class JobKinds:
+    """The six job kinds over one primitive, ``enqueue_call``: the names, the ids, and the
+    log-on-failure every caller relies on."""
+
+    def enqueue_call(
+        self,
+        func: str,
+        *args: Any,
+        job_id: str,
+        at: datetime | None = None,
+        job_timeout: int | None = None,
     ) -> bool:
-        """Queue a sync of ``task_key`` (at ``at``, if given); False when one already waits."""
-        ...
+        """Queue ``func(*args)`` (a dotted path) under ``job_id`` unless that job already waits;
+        may raise whatever the transport raises."""
+        raise NotImplementedError
 
-    def enqueue_call(self, func: str, *args: Any, job_id: str, at: datetime | None = None) -> bool:
-        """Queue a maintenance or delivery job by dotted path; False when it already waits."""
-        ...
+    def _queue(
+        self,
+        func: str,
+        *args: Any,
+        job_id: str,
+        failure_event: str,
+        extra: dict[str, Any],
+        at: datetime | None = None,
+        job_timeout: int | None = None,
+    ) -> bool | None:
+        try:
+            return self.enqueue_call(func, *args, job_id=job_id, at=at, job_timeout=job_timeout)
+        except Exception:  # the state in SQL that asked for the job is durable; a sweep re-asks
+            log.warning(failure_event, extra=extra, exc_info=True)
+            return None
+
+    def sync(
+        self,
+        task_key: str,
+        *,
+        generation: int,
+        attempts: int,
+        at: datetime | None = None,
+        failure_event: str = "sync.enqueue_failed",
+    ) -> bool | None:
+        """Queue ``sync.jobs.run_sync(task_key)``."""
+        return self._queue(
+            "sync.jobs.run_sync",
+            task_key,
+            job_id=sync_job_id(task_key, generation, attempts),
+            at=at,
+            job_timeout=SYNC_JOB_TIMEOUT,
+            failure_event=failure_event,
+            extra={"task_key": task_key},
+        )
+
+    def evaluation(self, run_id: str, *, suffix: str) -> bool | None:
+        """Queue ``sync.jobs.evaluate_run(run_id)``."""
+        return self._queue(
+            "sync.jobs.evaluate_run",
+            run_id,
+            job_id=evaluation_job_id(run_id, suffix),
+            failure_event="evaluation.enqueue_failed",
+            extra={"run_id": run_id},
+        )
+
+    def delivery(
+        self, event_id: str, *, at: datetime | None = None, suffix: str = "now"
+    ) -> bool | None:
+        """Queue ``sync.jobs.deliver(event_id)``."""
+        return self._queue(
+            "sync.jobs.deliver",
+            event_id,
+            job_id=f"deliver-{event_id}-{suffix}",
+            at=at,
+            failure_event="delivery.enqueue_failed",
+            extra={"event_id": event_id},
+        )
+
+    def relay(self, *, bucket: int) -> bool | None:
+        """Queue ``sync.jobs.relay()``."""
+        return self._queue(
+            "sync.jobs.relay",
+            job_id=f"relay-{bucket}",
+            failure_event="relay.enqueue_failed",
+            extra={},
+        )
+
+    def reconcile(self, *, bucket: int) -> bool | None:
+        """Queue ``sync.jobs.reconcile()``."""
+        return self._queue(
+            "sync.jobs.reconcile",
+            job_id=f"reconcile-{bucket}",
+            failure_event="reconcile.enqueue_failed",
+            extra={},
+        )
+
+    def maintenance(self, *, bucket: int) -> bool | None:
+        """Queue ``sync.jobs.maintain()``."""
+        return self._queue(
+            "sync.jobs.maintain",
+            job_id=f"maintain-{bucket}",
+            failure_event="maintenance.enqueue_failed",
+            extra={},
+        )
 
 
-class RQDispatcher:
+class RQDispatcher(JobKinds):
     """Dispatcher over an RQ queue with the JSON serializer."""
 
     def __init__(self, redis: Redis, *, queue_name: str = QUEUE_NAME) -> None:
@@ -96,20 +242,8 @@ class RQDispatcher:
             self.queue.enqueue(func, *args, failure_ttl=86400, **options)
         return True
 
-    def enqueue_sync(
-        self, task_key: str, *, generation: int, attempts: int, at: datetime | None = None
-    ) -> bool:
-        """Queue ``sync.jobs.run_sync(task_key)``."""
-        return self.enqueue_call(
-            "sync.jobs.run_sync",
-            task_key,
-            job_id=sync_job_id(task_key, generation, attempts),
-            at=at,
-            job_timeout=SYNC_JOB_TIMEOUT,
-        )
 
-
-class RecordingDispatcher:
+class RecordingDispatcher(JobKinds):
     """A dispatcher that only remembers what it was asked, for use cases run in the foreground."""
 
     def __init__(self, on_sync: Callable[[str], None] | None = None) -> None:
@@ -117,16 +251,21 @@ class RecordingDispatcher:
         self.calls: list[tuple[str, tuple[Any, ...], datetime | None]] = []
         self.on_sync = on_sync
 
-    def enqueue_sync(
-        self, task_key: str, *, generation: int, attempts: int, at: datetime | None = None
+    def enqueue_call(
+        self,
+        func: str,
+        *args: Any,
+        job_id: str,
+        at: datetime | None = None,
+        job_timeout: int | None = None,
     ) -> bool:
-        """Remember the sync (and run it now if a callback was given and it is due)."""
+        """Remember the call; a sync is remembered apart (and run now if a callback was given
+        and it is due)."""
+        if func != "sync.jobs.run_sync":
+            self.calls.append((func, args, at))
+            return True
+        (task_key,) = args
         self.syncs.append((task_key, at))
         if self.on_sync is not None and at is None:
             self.on_sync(task_key)
-        return True
-
-    def enqueue_call(self, func: str, *args: Any, job_id: str, at: datetime | None = None) -> bool:
-        """Remember the call."""
-        self.calls.append((func, args, at))
         return True

@@ -344,16 +344,15 @@ def _want(services: Services, report: ReconcileReport) -> None:
             session.commit()
         if state.state not in store.CLAIMABLE:
             continue
-        try:
-            if services.dispatcher.enqueue_sync(
-                state.task_key,
-                generation=state.requested_generation,
-                attempts=state.attempt_count,
-                at=state.next_attempt_at if state.next_attempt_at > now else None,
-            ):
-                report.enqueued += 1
-        except Exception:  # the task row is durable; the sweeper below queues it
-            log.warning("reconcile.enqueue_failed", extra={"job_id": wish.job_id}, exc_info=True)
+        # a failure is logged; the task row is durable and the sweeper below queues it
+        if services.dispatcher.sync(
+            state.task_key,
+            generation=state.requested_generation,
+            attempts=state.attempt_count,
+            at=state.next_attempt_at if state.next_attempt_at > now else None,
+            failure_event="reconcile.enqueue_failed",
+        ):
+            report.enqueued += 1
 
 
 def _unlinked(services: Services, jobs: Sequence[CloudJob]) -> list[tuple[str, int]]:
@@ -408,9 +407,5 @@ def schedule(services: Services) -> bool:
         ).scalar_one()
     if last is not None and (now - last).total_seconds() < interval:
         return False
-    bucket = int(now.timestamp() // interval)
-    try:
-        return services.dispatcher.enqueue_call("sync.jobs.reconcile", job_id=f"reconcile-{bucket}")
-    except Exception:  # Redis away: the next maintenance pass asks again
-        log.warning("reconcile.enqueue_failed", exc_info=True)
-        return False
+    # Redis away: the failure is logged and the next maintenance pass asks again
+    return bool(services.dispatcher.reconcile(bucket=int(now.timestamp() // interval)))

@@ -20,7 +20,6 @@ evaluation that commits in between makes this one retry instead of marking rows 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -85,7 +84,7 @@ def evaluate_run(services: Services, run_id: str) -> Evaluation:
             log.info("evaluation.conflict", extra={"run_id": run_id, "attempt": attempt})
     services.killpoints.reached("after-acceptance")
     for event_id in result.events:
-        outbox.enqueue_delivery(services, event_id)
+        services.dispatcher.delivery(event_id)
     log.info(
         "run.evaluated",
         extra={
@@ -443,27 +442,10 @@ def runs_due_for_evaluation(session: Session, *, limit: int | None = 500) -> lis
     return sorted(set(candidates) - held)[:limit]
 
 
-def evaluation_job_id(run_id: str, suffix: str) -> str:
-    """An RQ job id for evaluating ``run_id`` (``[A-Za-z0-9_-]`` whatever the run id holds)."""
-    digest = hashlib.sha256(run_id.encode()).hexdigest()[:16]
-    return f"evaluate-{digest}-{suffix}"
-
-
-def enqueue_evaluation(services: Services, run_id: str, *, suffix: str) -> bool:
-    """Queue an evaluation of ``run_id``; a Redis failure is logged, the sweep finds it again."""
-    try:
-        return services.dispatcher.enqueue_call(
-            "sync.jobs.evaluate_run", run_id, job_id=evaluation_job_id(run_id, suffix)
-        )
-    except Exception:  # the run's state in SQL says it is due; the sweep queues it again
-        log.warning("evaluation.enqueue_failed", extra={"run_id": run_id}, exc_info=True)
-        return False
-
-
 def redrive(services: Services) -> int:
     """Queue an evaluation of every run that is due for one; returns how many were queued."""
     now = services.clock()
     bucket = int(now.timestamp() // services.settings.sweep_interval)
     with services.uow.begin() as session:
         due = runs_due_for_evaluation(session)
-    return sum(enqueue_evaluation(services, run_id, suffix=f"s{bucket}") for run_id in due)
+    return sum(bool(services.dispatcher.evaluation(run_id, suffix=f"s{bucket}")) for run_id in due)

@@ -29,12 +29,13 @@ def sweep(services: Services) -> SweepReport:
         due = store.due_tasks(session, now=now)
     enqueued = failures = 0
     for task_key, generation, attempts in due:
-        try:
-            if services.dispatcher.enqueue_sync(task_key, generation=generation, attempts=attempts):
-                enqueued += 1
-        except Exception:
+        queued = services.dispatcher.sync(
+            task_key, generation=generation, attempts=attempts, failure_event="sweep.enqueue_failed"
+        )
+        if queued is None:
             failures += 1
-            log.warning("sweep.enqueue_failed", extra={"task_key": task_key}, exc_info=True)
+        elif queued:
+            enqueued += 1
     report = SweepReport(due=len(due), enqueued=enqueued, enqueue_failures=failures)
     if not due:
         return report  # an idle sweep leaves no row: the workers sweep every interval

@@ -31,7 +31,7 @@ from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
-from sync import logs, runs, staging, store
+from sync import logs, staging, store
 from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.cloud.download import InvalidRecord
@@ -450,8 +450,8 @@ def _import(
     if state == "pending":
         _enqueue(services, lease.task_key)
     else:  # the run's data changed: judge it (a lost job is found again by the maintenance sweep)
-        runs.enqueue_evaluation(
-            services, target.run_id, suffix=f"{lease.task_key}-g{lease.generation}"
+        services.dispatcher.evaluation(
+            target.run_id, suffix=f"{lease.task_key}-g{lease.generation}"
         )
     return SyncResult(
         lease.task_key,
@@ -576,7 +576,5 @@ def _enqueue(services: Services, task_key: str, *, at: datetime | None = None) -
                 SyncTask.task_key == task_key
             )
         ).one()
-    try:
-        services.dispatcher.enqueue_sync(task_key, generation=task[0], attempts=task[1], at=at)
-    except Exception:  # the task row is durable; the sweeper queues it again
-        log.warning("enqueue.failed", extra={"task_key": task_key}, exc_info=True)
+    # a failure is logged; the task row is durable and the sweeper queues it again
+    services.dispatcher.sync(task_key, generation=task[0], attempts=task[1], at=at)

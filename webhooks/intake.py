@@ -221,15 +221,16 @@ def notification(token: str) -> Any:
     # A repeat that coalesced into a pending sync changed nothing: whoever made the task pending
     # queued it (or the sweeper will), so Redis is not asked again.
     if wish.state in store.CLAIMABLE and not coalesced:
-        try:
-            queued = services.dispatcher.enqueue_sync(
+        # durable in SQL: a failure is logged and the sweeper queues it once Redis is back
+        queued = bool(
+            services.dispatcher.sync(
                 wish.task_key,
                 generation=wish.requested_generation,
                 attempts=wish.attempt_count,
                 at=wish.next_attempt_at if wish.next_attempt_at > now else None,
+                failure_event="notification.enqueue_failed",
             )
-        except Exception:  # durable in SQL; the sweeper queues it once Redis is back
-            log.warning("notification.enqueue_failed", extra={"job_id": job_id}, exc_info=True)
+        )
     log.info(
         "notification.accepted",
         extra={

@@ -378,8 +378,8 @@ def test_delivery_jobs_go_through_the_queue_with_safe_ids(
     dispatcher = services.dispatcher
     assert isinstance(dispatcher, RQDispatcher)
     _run_id, events = accept_quietly(services, cloud)
-    assert outbox.enqueue_delivery(services, events[0])
-    assert not outbox.enqueue_delivery(services, events[0])  # already waiting
+    assert dispatcher.delivery(events[0])
+    assert not dispatcher.delivery(events[0])  # already waiting
     (job_id,) = dispatcher.queue.job_ids
     assert job_id == f"deliver-{events[0]}-now"
     assert all(c.isalnum() or c in "_-" for c in job_id)
