@@ -14,9 +14,9 @@ from flask import Flask
 from redis import Redis
 from sqlalchemy import select
 
+from scrapesync.cli import main
 from simulator import CloudState
 from sync.bootstrap import Services
-from sync.cli import main
 from sync.models import Base
 from tests.acceptance.flow import (
     RETAILERS,

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from flask import Flask
 
+from scrapesync.cli import main
 from simulator import CloudState
 from sync.bootstrap import Services
-from sync.cli import main
 from tests.acceptance.flow import finished_job, product_records, run_id_of, settle
 from tests.harness import notify
 

@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 from flask import Flask
 
+from scrapesync.cli import main
 from simulator import CloudState
 from sync import outbox
 from sync.bootstrap import Services
-from sync.cli import main
 from tests.acceptance.flow import finished_job, product_records, run_id_of, settle, verify_signature
 from tests.harness import notify
 

@@ -34,7 +34,14 @@ def _demo(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str],
     clean = {k: v for k, v in os.environ.items() if k not in CONFIGURATION}
     folder = tmp_path / "demo"
     done = subprocess.run(
-        [sys.executable, "-c", "from sync.cli import run; run()", "demo", "--dir", str(folder)],
+        [
+            sys.executable,
+            "-c",
+            "from scrapesync.cli import run; run()",
+            "demo",
+            "--dir",
+            str(folder),
+        ],
         cwd=tmp_path,
         env={**clean, **env},
         capture_output=True,

@@ -12,11 +12,11 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from config.datasets import parse_datasets
+from scrapesync.cli import main
 from simulator import CloudState, serve
 from simulator import create_app as create_simulator
 from sync import launch
 from sync.bootstrap import Services, worker_retry_policy
-from sync.cli import main
 from sync.cloud.client import CloudClient
 from sync.models import Launch, Run
 from tests.harness import API_TOKEN, products_sitemap

@@ -121,7 +121,7 @@ def test_a_job_whose_notifications_were_all_lost_is_found_and_a_second_pass_does
 
 def bootstrap_cli() -> Any:
     """The ``scrapesync`` command group (services come from bootstrap.use)."""
-    from sync.cli import main
+    from scrapesync.cli import main
 
     return main
 
@@ -387,7 +387,7 @@ def test_the_command_prints_one_line_in_a_pipe_and_a_progress_bar_on_a_terminal(
     assert piped.exit_code == 0, piped.output
     assert piped.output.count("\n") == 1
     assert piped.output.startswith("reconcile: 3 Cloud jobs listed, 3 in range; would want 3")
-    monkeypatch.setattr("sync.cli._interactive", lambda: True)
+    monkeypatch.setattr("scrapesync.commands._interactive", lambda: True)
     seen = CliRunner().invoke(bootstrap_cli(), ["reconcile", "--dry-run"])
     assert "checking Cloud jobs" in seen.output
     assert "never synced" in seen.output

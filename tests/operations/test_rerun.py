@@ -11,10 +11,10 @@ from click.testing import CliRunner
 from flask import Flask
 from sqlalchemy import select
 
+from scrapesync.cli import main
 from simulator import CloudState, generate_records
 from sync import launch, rerun
 from sync.bootstrap import Services
-from sync.cli import main
 from sync.models import Attempt, Launch, Observation, OutboxEvent, PartitionVerdict, Run
 from sync.models import ScrapingJob as JobRow
 from tests.harness import drain, notify

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 def test_the_simulator_command_serves_the_cloud_api_with_its_sitemaps() -> None:
     """It prints its API URL, answers with the sitemaps it was asked to create, and the token
     it was given is the one it accepts."""
-    command = "from sync.cli import run; run()"
+    command = "from scrapesync.cli import run; run()"
     args = ["simulator", "--port", "0", "--token", "t-123", "--sitemap", "products"]
     process = subprocess.Popen(
         [sys.executable, "-u", "-c", command, *args],

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from flask import Flask
 from werkzeug.serving import make_server
 
+from scrapesync.cli import main
 from simulator import CloudState, generate_records
 from sync import launch, reconcile
 from sync.bootstrap import Services
-from sync.cli import main
 from tests.harness import drain, notify
 from webhooks import create_app
 

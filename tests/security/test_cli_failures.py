@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from config.datasets import Datasets
+from scrapesync.cli import main
 from simulator import CloudState
 from simulator import create_app as create_simulator
 from sync import bootstrap
 from sync.bootstrap import Services
-from sync.cli import main
 from sync.db import UnitOfWork
 from tests.security.conftest import echoing_422, leaked, stored_text
 

@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from flask import Flask
 from sqlalchemy import select
 
+from scrapesync.cli import main
 from simulator import CloudState
 from sync import logs
 from sync.bootstrap import Services
-from sync.cli import main
 from sync.models import SyncTask
 from tests.harness import drain, notify, products_sitemap
 from tests.security.conftest import echoing_422, leaked, stored_text

@@ -512,7 +512,7 @@ def test_the_sync_command_runs_a_job_in_the_foreground(
     """`scrapesync sync JOB_ID` syncs without a worker and says what it wrote."""
     from click.testing import CliRunner
 
-    from sync.cli import main
+    from scrapesync.cli import main
 
     job_id = _finished_job(cloud, n=7)
     result = CliRunner().invoke(main, ["sync", str(job_id)])

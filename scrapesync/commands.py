@@ -1,88 +1,23 @@
-"""The ``scrapesync`` command: the operator's way in."""
+"""The operator's commands, one function each; ``scrapesync.cli`` puts them in one group."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
-from redis.exceptions import RedisError
-from sqlalchemy.exc import OperationalError
 
-from config.datasets import DatasetsFileError
 from config.settings import ConfigError, Settings
-from sync import db, logs, secrecy
+from scrapesync.terminal import CommandError, Progress, echo, echo_json
+from sync import db, logs
 from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
-from sync.cloud.errors import CloudError
 
 if TYPE_CHECKING:
     from sync.check import Rejudgement
 
 
-class CommandError(click.ClickException):
-    """An expected failure: one ``error:`` line (secrets masked) and a non-zero exit status."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(secrecy.scrub(message))
-
-    def show(self, file: Any = None) -> None:
-        """Print the one line on standard error."""
-        click.echo(f"error: {self.format_message()}", err=True)
-
-
-class SetupError(CommandError):
-    """The deployment cannot start the command: settings, datasets file or database."""
-
-    exit_code = 2
-
-
-def failure_of(exc: BaseException) -> CommandError | None:
-    """The one-line error an expected failure becomes, or None for a bug (which keeps its
-    traceback)."""
-    if isinstance(exc, ConfigError | DatasetsFileError):
-        return SetupError(str(exc))
-    if isinstance(exc, OperationalError):
-        reason = str(exc.orig or exc).strip().splitlines()[0]
-        return SetupError(f"cannot reach the database: {reason}")
-    if isinstance(exc, RedisError):
-        return CommandError(f"cannot reach Redis: {type(exc).__name__}: {exc}")
-    if isinstance(exc, CloudError):
-        return CommandError(f"Web Scraper Cloud refused or failed: {exc}")
-    return None
-
-
-class Commands(click.Group):
-    """The command group: expected failures become one ``error:`` line, never a traceback."""
-
-    def invoke(self, ctx: click.Context) -> Any:
-        """Run the chosen command, turning expected failures into :class:`CommandError`."""
-        try:
-            return super().invoke(ctx)
-        except (CommandError, click.UsageError):
-            raise
-        except click.ClickException as exc:
-            raise CommandError(exc.format_message()) from None
-        except Exception as exc:
-            failure = failure_of(exc)
-            if failure is None:
-                raise
-            raise failure from None
-
-
-def echo(text: str, *, err: bool = False) -> None:
-    """Print a line of output with every secret masked."""
-    click.echo(secrecy.scrub(text), err=err)
-
-
-@click.group(cls=Commands)
-@click.version_option(package_name="scrapesync", message="%(prog)s %(version)s")
-def main() -> None:
-    """Keep a database in step with Web Scraper Cloud."""
-
-
-@main.group("db")
+@click.group("db")
 def db_group() -> None:
     """Database schema."""
 
@@ -112,25 +47,13 @@ def _settings() -> Settings:
         raise CommandError(str(exc)) from None
 
 
-def run() -> None:
-    """Entry point: expected failures (settings, database, Redis, Cloud) are one clear line."""
-    try:
-        main()
-    except Exception as exc:  # raised outside a command, e.g. while building the services
-        failure = failure_of(exc)
-        if failure is None:
-            raise
-        failure.show()
-        sys.exit(failure.exit_code)
-
-
 def _services() -> Services:
     from sync import bootstrap
 
     return bootstrap.from_env(role="cli")
 
 
-@main.command("sync")
+@click.command("sync")
 @click.argument("job_id", type=int)
 @click.option(
     "--force",
@@ -213,46 +136,6 @@ def _interactive() -> bool:
     return sys.stdout.isatty() and sys.stderr.isatty()
 
 
-class Progress:
-    """One progress bar at a time on stderr, for long foreground work that a person watches;
-    does nothing when disabled (output piped, or ``--json``)."""
-
-    LABELS = {
-        "records": "reading the job's records",
-        "scraping-jobs": "listing Cloud jobs (pages)",
-        "checks": "checking Cloud jobs",
-        "export": "writing records",
-    }
-
-    def __init__(self, *, enabled: bool) -> None:
-        self.enabled = enabled
-        self._bar: Any = None
-        self._kind: str | None = None
-        self._done = 0
-
-    def __call__(self, kind: str, done: int, total: int | None) -> None:
-        """``done`` of ``total`` units of work of this kind are behind us."""
-        if not self.enabled or kind not in self.LABELS or not total:
-            return
-        if self._bar is None or kind != self._kind or done < self._done:
-            self.close()
-            self._bar = click.progressbar(length=total, label=self.LABELS[kind], file=sys.stderr)
-            self._bar.__enter__()
-            self._kind, self._done = kind, 0
-        self._bar.update(done - self._done)
-        self._done = done
-
-    def reporter(self, kind: str) -> Callable[[int, int], None]:
-        """A ``(done, total)`` callback that moves this kind's bar."""
-        return lambda done, total: self(kind, done, total)
-
-    def close(self) -> None:
-        """End the bar on screen, if one is drawn."""
-        if self._bar is not None:
-            self._bar.__exit__(None, None, None)
-        self._bar, self._kind, self._done = None, None, 0
-
-
 def _with_progress(services: Services, progress: Progress) -> Services:
     """The same services, whose Cloud clients report downloads and listings to ``progress``."""
     if not progress.enabled:
@@ -269,13 +152,7 @@ def _with_progress(services: Services, progress: Progress) -> Services:
     return replace(services, cloud=cloud)
 
 
-def _echo_json(values: object) -> None:
-    import json
-
-    echo(json.dumps(values, indent=2, default=str, sort_keys=False))
-
-
-@main.command("launch")
+@click.command("launch")
 @click.argument("dataset")
 @click.option("--window", help="Collection window (default: the current one), e.g. 2026-12-02.")
 @click.option(
@@ -294,7 +171,7 @@ def launch_command(
     except launch.LaunchError as exc:
         raise CommandError(str(exc)) from None
     if as_json:
-        _echo_json(outcome.as_dict())
+        echo_json(outcome.as_dict())
     else:
         job = f"Cloud job {outcome.job_id}" if outcome.job_id is not None else "no Cloud job yet"
         echo(f"run {outcome.run_id}: {job} ({outcome.state}: {outcome.message})")
@@ -302,7 +179,7 @@ def launch_command(
         sys.exit(1)
 
 
-@main.command("reconcile")
+@click.command("reconcile")
 @click.option("--since", default="7d", show_default=True, help="Look back this far: 7d, 12h, 30m.")
 @click.option("--dry-run", is_flag=True, help="Only report what a pass would do.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -328,7 +205,7 @@ def reconcile_command(since: str, dry_run: bool, as_json: bool) -> None:
     finally:
         progress.close()
     if as_json:
-        _echo_json(report.as_dict())
+        echo_json(report.as_dict())
         return
     echo(report.summary_line())
     if interactive:
@@ -338,7 +215,7 @@ def reconcile_command(since: str, dry_run: bool, as_json: bool) -> None:
             echo(f"  run {run_id}: evaluated")
 
 
-@main.command("rerun")
+@click.command("rerun")
 @click.argument("run_id")
 @click.option("--partition", help="Re-scrape this partition from its observations' start URLs.")
 @click.option("--failed-pages", is_flag=True, help="Re-scrape the run's problematic URLs.")
@@ -361,7 +238,7 @@ def rerun_command(
     except (rerun.RerunError, launch.LaunchError) as exc:
         raise CommandError(str(exc)) from None
     if as_json:
-        _echo_json(outcome.as_dict())
+        echo_json(outcome.as_dict())
     else:
         job = f"Cloud job {outcome.job_id}" if outcome.job_id is not None else "no Cloud job yet"
         echo(
@@ -372,7 +249,7 @@ def rerun_command(
         sys.exit(1)
 
 
-@main.command("status")
+@click.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print the overview as JSON.")
 @click.option("--limit", default=20, show_default=True, help="How many recent runs to show.")
 def status_command(as_json: bool, limit: int) -> None:
@@ -381,12 +258,12 @@ def status_command(as_json: bool, limit: int) -> None:
 
     values = status.overview(_services(), limit=limit)
     if as_json:
-        _echo_json(values)
+        echo_json(values)
     else:
         echo(status.format_table(values))
 
 
-@main.command("doctor")
+@click.command("doctor")
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 def doctor_command(as_json: bool) -> None:
     """Check variables, database, Redis, the Cloud token and each dataset against its sitemap."""
@@ -398,7 +275,7 @@ def doctor_command(as_json: bool) -> None:
         sys.exit(1)
 
 
-@main.command("check")
+@click.command("check")
 @click.argument("run_id")
 @click.option(
     "--datasets",
@@ -421,7 +298,7 @@ def check_command(run_id: str, datasets_path: str | None, as_json: bool) -> None
     if result is None:
         raise CommandError(f"no run {run_id!r} in the database")
     if as_json:
-        _echo_json({"datasets_file": datasets_path, **result.as_dict()})
+        echo_json({"datasets_file": datasets_path, **result.as_dict()})
     else:
         source = datasets_path or str(services.settings.datasets_path)
         echo(_check_report(result, source))
@@ -467,7 +344,7 @@ def _check_report(result: Rejudgement, source: str) -> str:
     return "\n".join(lines)
 
 
-@main.command("simulator")
+@click.command("simulator")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8800, show_default=True, help="0: any free port.")
 @click.option("--token", default="sim-token", show_default=True, help="The API token it accepts.")
@@ -493,7 +370,7 @@ def simulator_command(
         state.close()
 
 
-@main.command("demo")
+@click.command("demo")
 @click.option(
     "--dir",
     "folder",
@@ -505,14 +382,14 @@ def demo_command(folder: str | None, records: int) -> None:
     """Run the whole flow once on this machine: simulator, web, worker; launch to delivery."""
     from pathlib import Path
 
-    from sync import demo
+    from scrapesync import demo
 
     result = demo.run_demo(Path(folder) if folder else None, records=records, echo=echo)
     if not result.ok:
         raise CommandError(result.problem or "the demo did not finish")
 
 
-@main.command("export")
+@click.command("export")
 @click.argument("dataset")
 @click.option("--run", "run_id", help="Export this accepted run instead of the published one.")
 @click.option(
@@ -549,3 +426,18 @@ def export_command(dataset: str, run_id: str | None, fmt: str, out: str | None) 
         f"records={result.records} sha256={result.sha256}"
     )
     echo(f"{result.manifest_path}")
+
+
+ALL = (
+    db_group,
+    sync_command,
+    launch_command,
+    reconcile_command,
+    rerun_command,
+    status_command,
+    doctor_command,
+    check_command,
+    simulator_command,
+    demo_command,
+    export_command,
+)

@@ -1,0 +1,1 @@
+"""The composition roots above ``sync`` and ``webhooks``: the operator's command and the demo."""
