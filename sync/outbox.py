@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import email.utils
 import hashlib
 import hmac
 import json
@@ -45,7 +44,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from config.datasets import Destination
-from sync import export, logs
+from sync import export, logs, retry
 from sync.bootstrap import Services
 from sync.db import insert
 from sync.models import Delivery, OutboxEvent
@@ -205,26 +204,9 @@ def signed_headers(secret: str, event_id: str, timestamp: int, body: bytes) -> d
 
 
 def backoff(attempts: int, draw: float) -> float:
-    """Capped full-jitter backoff after the ``attempts``-th failed attempt (draw in [0, 1))."""
-    return max(1.0, draw * min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** min(attempts, 30)))
-
-
-def retry_after_seconds(value: str | None, now: datetime) -> float | None:
-    """A Retry-After header (seconds or an HTTP-date) as seconds from ``now``."""
-    if not value or not value.strip():
-        return None
-    text = value.strip()
-    try:
-        return max(0.0, float(text))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return max(0.0, (when - now).total_seconds())
+    """The delivery's wait after its ``attempts``-th failed attempt (draw in [0, 1)): capped
+    full jitter, never under a second."""
+    return max(1.0, retry.backoff(attempts, draw, base=BACKOFF_BASE, cap=BACKOFF_CAP))
 
 
 def classify(
@@ -385,7 +367,7 @@ def _attempt(services: Services, client: httpx.Client, claim: Claim) -> Outcome:
         response.status_code,
         attempts=claim.attempts,
         draw=draw,
-        retry_after=retry_after_seconds(response.headers.get("retry-after"), now),
+        retry_after=retry.retry_after(response.headers.get("retry-after"), now=now.timestamp()),
         error=f"HTTP {response.status_code}{': ' + snippet if snippet else ''}",
     )
 
