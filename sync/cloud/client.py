@@ -12,7 +12,6 @@ are raised without chaining httpx's exceptions, and a filter on the "httpx" logg
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import time
@@ -40,7 +39,6 @@ from sync.cloud.errors import (
     CloudServerError,
     CloudTransportError,
     CloudValidationError,
-    DownloadIncompleteError,
 )
 from sync.cloud.jobs import CloudJob, ProblematicUrl, as_int
 from sync.cloud.policy import RetryPolicy
@@ -310,50 +308,6 @@ class CloudClient:
             yield number, record
         if progress is not None:
             progress("records", number, total)
-
-    def iter_csv_rows(self, job_id: int) -> Iterator[dict[str, str]]:
-        """Stream a scraping job's CSV export as rows keyed by its header, BOM stripped."""
-        path = f"scraping-job/{_id(job_id)}/csv"
-        at_end = False  # the reader has taken the export's last line, or all of it
-
-        def texts() -> Iterator[str]:
-            nonlocal at_end
-            first = True
-            for line in self._download_lines(path, final_line_ok=lambda _: True):
-                if isinstance(line, SkippedLine):
-                    raise CloudError(f"GET {path}: a line is {line.reason.replace('_', ' ')}")
-                if first:
-                    line = line.removeprefix("\ufeff")
-                    first = False
-                at_end = not line.endswith("\n")
-                yield line
-            at_end = True
-
-        reader = csv.reader(texts(), strict=True)
-        header: list[str] | None = None
-        while True:
-            problem: str | None = None
-            try:
-                row = next(reader, None)
-            except csv.Error as exc:
-                row, problem = None, str(exc)
-            if problem is not None:
-                if at_end:
-                    raise DownloadIncompleteError(f"GET {path}: export ends inside a row")
-                raise CloudError(f"GET {path}: malformed CSV at line {reader.line_num}: {problem}")
-            if row is None:
-                return
-            if header is None:
-                header = row
-                continue
-            if len(row) != len(header):
-                if at_end:
-                    raise DownloadIncompleteError(f"GET {path}: last row is cut short")
-                raise CloudError(
-                    f"GET {path}: line {reader.line_num} has {len(row)} cells, "
-                    f"header has {len(header)}"
-                )
-            yield dict(zip(header, row, strict=True))
 
     def iter_problematic_urls(self, job_id: int) -> Iterator[ProblematicUrl]:
         """Every empty, failed or no-value page of a scraping job, page by page."""
