@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any, Final
 
 TERMINAL_STATUSES: Final = frozenset({"finished", "failed", "stopped", "shelved"})
@@ -44,7 +43,6 @@ class CloudJob:
     jobs_no_value: int
     stored_record_count: int
     scraping_duration: int
-    raw: Mapping[str, Any] = field(repr=False, compare=False)
     problems: tuple[str, ...] = field(default=(), compare=False)
 
     @classmethod
@@ -81,7 +79,6 @@ class CloudJob:
             jobs_no_value=counter("jobs_no_value"),
             stored_record_count=counter("stored_record_count"),
             scraping_duration=counter("scraping_duration"),
-            raw=MappingProxyType(dict(data)),
             problems=tuple(problems),
         )
 

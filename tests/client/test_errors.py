@@ -175,7 +175,6 @@ def test_scraping_job_fields_and_states(make_client: MakeClient) -> None:
     assert (job.jobs_scheduled, job.jobs_executed, job.jobs_failed) == (10, 8, 1)
     assert (job.jobs_empty, job.jobs_no_value, job.stored_record_count) == (2, 3, 77)
     assert job.scraping_duration == 12
-    assert job.raw["driver"] == "fast"
     assert job.is_running
     assert not job.is_terminal
     shelved = client.get_job(500)
