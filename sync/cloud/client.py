@@ -5,9 +5,10 @@ alone decides what is retried inline and what is handed back with `retry_after` 
 are retried only while nothing has been yielded (`sync.cloud.download` turns a body into lines).
 
 Secrecy: the API token is added as the `api_token` query parameter by the innermost transport
-only, so no URL that httpx logs or puts in an exception carries it; every error message passes
-through `sync.secrecy.scrub` (which knows the token and every other configured secret), errors
-are raised without chaining httpx's exceptions, and a filter on the "httpx" logger scrubs any line.
+(`sync.cloud.transport`) only, so no URL that httpx logs or puts in an exception carries it;
+every error message passes through `sync.secrecy.scrub` (which knows the token and every other
+configured secret), errors are raised without chaining httpx's exceptions, and a filter on the
+"httpx" logger scrubs any line.
 """
 
 from __future__ import annotations
@@ -31,17 +32,10 @@ from sync.cloud.download import (
     body_lines,
     is_json,
 )
-from sync.cloud.errors import (
-    CloudAuthError,
-    CloudError,
-    CloudNotFoundError,
-    CloudRateLimitedError,
-    CloudServerError,
-    CloudTransportError,
-    CloudValidationError,
-)
+from sync.cloud.errors import CloudError, CloudRateLimitedError, CloudTransportError, error_for
 from sync.cloud.jobs import CloudJob, ProblematicUrl, as_int
 from sync.cloud.policy import RetryPolicy
+from sync.cloud.transport import Secret, TokenTransport, install_log_redaction
 
 logger = logging.getLogger("sync.client")  # the name operators filter these lines on
 
@@ -49,59 +43,6 @@ DEFAULT_BASE_URL: Final = "https://api.webscraper.io/api/v1/"
 USER_AGENT: Final = "scrapesync/0.1"
 
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
-
-
-# --- plumbing ---------------------------------------------------------------------------------
-
-
-def _install_log_redaction() -> None:
-    httpx_logger = logging.getLogger("httpx")
-    if not any(isinstance(f, secrecy.ScrubbingFilter) for f in httpx_logger.filters):
-        httpx_logger.addFilter(secrecy.ScrubbingFilter())
-
-
-class _Secret:
-    """The API token, shown as *** wherever it is printed."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        """The token itself, for the one place that puts it on the wire."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return "'***'"
-
-    __str__ = __repr__
-
-
-class _TokenTransport(httpx.BaseTransport):
-    """Adds api_token on the way to the wire, so no URL above this layer carries the token."""
-
-    def __init__(self, inner: httpx.BaseTransport, token: _Secret) -> None:
-        self._inner = inner
-        self._token = token
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        """Send a copy of the request with api_token set; the caller's request stays clean."""
-        wire = httpx.Request(
-            request.method,
-            request.url.copy_set_param("api_token", self._token.reveal()),
-            headers=request.headers,
-            stream=request.stream,
-            extensions=request.extensions,
-        )
-        return self._inner.handle_request(wire)
-
-    def close(self) -> None:
-        """Close the wrapped transport."""
-        self._inner.close()
-
-    def __repr__(self) -> str:
-        return f"<_TokenTransport api_token=*** inner={type(self._inner).__name__}>"
 
 
 def _header_float(headers: httpx.Headers, name: str) -> float | None:
@@ -112,19 +53,6 @@ def _header_float(headers: httpx.Headers, name: str) -> float | None:
         return float(value.strip())
     except ValueError:
         return None
-
-
-def _validation_errors(payload: Mapping[str, Any] | None) -> dict[str, list[str]]:
-    raw = payload.get("validationErrors") if payload is not None else None
-    if not isinstance(raw, Mapping):
-        return {}
-    errors: dict[str, list[str]] = {}
-    for key, messages in raw.items():
-        if isinstance(messages, list):
-            errors[str(key)] = [secrecy.scrub(str(m)) for m in messages]
-        else:
-            errors[str(key)] = [secrecy.scrub(str(messages))]
-    return errors
 
 
 def _id(value: int) -> int:
@@ -160,8 +88,8 @@ class CloudClient:
         if not token:
             raise ValueError("a Web Scraper Cloud API token is required")
         secrecy.register(token)
-        _install_log_redaction()
-        self._secret = _Secret(token)
+        install_log_redaction()
+        self._secret = Secret(token)
         self._budget = budget
         self._retry = retry if retry is not None else RetryPolicy()
         self._sleep = sleep
@@ -174,7 +102,7 @@ class CloudClient:
         self._record_counts: dict[int, int] = {}
         self._http = httpx.Client(
             base_url=base_url,
-            transport=_TokenTransport(
+            transport=TokenTransport(
                 transport if transport is not None else httpx.HTTPTransport(), self._secret
             ),
             timeout=httpx.Timeout(timeout),
@@ -515,34 +443,13 @@ class CloudClient:
         method: str,
         path: str,
     ) -> CloudError:
-        status = response.status_code
-        raw_error = payload.get("error") if payload is not None else None
-        error = self._scrub(str(raw_error)) if raw_error is not None else None
-        validation = _validation_errors(payload)
-        message = f"{method} {path}: HTTP {status}"
-        if status == 200:
-            message += ": success is false" if payload is not None else ": not a JSON envelope"
-        if error:
-            message += f": {error}"
-        for key, messages in validation.items():
-            message += f"; {key}: {' '.join(messages)}"
-        fields: dict[str, Any] = {
-            "status": status,
-            "error": error,
-            "validation_errors": validation,
-            "retry_after": self._server_wait(response.headers),
-        }
-        if status in (401, 403):
-            return CloudAuthError(message, **fields)
-        if status == 404:
-            return CloudNotFoundError(message, **fields)
-        if status == 429:
-            return CloudRateLimitedError(message, **fields)
-        if status >= 500:
-            return CloudServerError(message, **fields)
-        if status == 422 or validation:
-            return CloudValidationError(message, **fields)
-        return CloudError(message, **fields)
+        return error_for(
+            response.status_code,
+            payload,
+            request=f"{method} {path}",
+            retry_after=self._server_wait(response.headers),
+            scrub=self._scrub,
+        )
 
     def _server_wait(self, headers: httpx.Headers) -> float | None:
         """Seconds Cloud asked us to wait: Retry-After (seconds or HTTP-date), else the reset."""

@@ -22,7 +22,8 @@ through `sync.secrecy.scrub`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from sync import secrecy
 
@@ -89,3 +90,55 @@ class ApiBudgetExhaustedError(CloudError):
 
     def __init__(self, message: str, *, retry_after: float = 0.0) -> None:
         super().__init__(message, retry_after=retry_after)
+
+
+def error_for(
+    status: int,
+    payload: Mapping[str, Any] | None,
+    *,
+    request: str,
+    retry_after: float | None,
+    scrub: Callable[[str], str],
+) -> CloudError:
+    """The typed error for Cloud's answer to ``request`` ("GET path"): its HTTP status, or a
+    200 whose envelope is no success, with Cloud's error text and validation errors."""
+    raw_error = payload.get("error") if payload is not None else None
+    error = scrub(str(raw_error)) if raw_error is not None else None
+    validation = _validation_errors(payload)
+    message = f"{request}: HTTP {status}"
+    if status == 200:
+        message += ": success is false" if payload is not None else ": not a JSON envelope"
+    if error:
+        message += f": {error}"
+    for key, messages in validation.items():
+        message += f"; {key}: {' '.join(messages)}"
+    fields: dict[str, Any] = {
+        "status": status,
+        "error": error,
+        "validation_errors": validation,
+        "retry_after": retry_after,
+    }
+    if status in (401, 403):
+        return CloudAuthError(message, **fields)
+    if status == 404:
+        return CloudNotFoundError(message, **fields)
+    if status == 429:
+        return CloudRateLimitedError(message, **fields)
+    if status >= 500:
+        return CloudServerError(message, **fields)
+    if status == 422 or validation:
+        return CloudValidationError(message, **fields)
+    return CloudError(message, **fields)
+
+
+def _validation_errors(payload: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    raw = payload.get("validationErrors") if payload is not None else None
+    if not isinstance(raw, Mapping):
+        return {}
+    errors: dict[str, list[str]] = {}
+    for key, messages in raw.items():
+        if isinstance(messages, list):
+            errors[str(key)] = [secrecy.scrub(str(m)) for m in messages]
+        else:
+            errors[str(key)] = [secrecy.scrub(str(messages))]
+    return errors
