@@ -9,7 +9,9 @@ from typing import Any
 from sqlalchemy import text
 
 from config.datasets import Datasets
-from sync import acceptance, evidence
+from sync import evidence
+from sync.acceptance.facts import CANDIDATE
+from sync.acceptance.verdict import judge, waiting_for_tasks
 from sync.bootstrap import Services
 from sync.models import Run
 
@@ -66,13 +68,13 @@ def rejudge(
             return None
         dataset = chosen.get(run.dataset)
         history = evidence.accepted_history(session, run, limit=dataset.quality.baseline_runs)
-        waiting = acceptance.waiting_for_tasks(evidence.pending_tasks(session, run_id))
+        waiting = waiting_for_tasks(evidence.pending_tasks(session, run_id))
         if waiting is not None:
             return Rejudgement(
                 run_id=run.run_id,
                 dataset=run.dataset,
                 current_state=run.state,
-                state=acceptance.CANDIDATE,
+                state=CANDIDATE,
                 checks=[],
                 reasons=[waiting.as_dict()],
                 partitions=[],
@@ -82,7 +84,7 @@ def rejudge(
                 profile=None,
             )
         tallies, _ = evidence.tally(session, run_id, dataset)
-        judgement = acceptance.judge(
+        judgement = judge(
             dataset,
             jobs=evidence.job_facts(session, run_id, {}),
             imports=evidence.import_facts(session, run_id),

@@ -16,8 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
-from sync import acceptance
-from sync.acceptance import ImportFacts, JobFacts
+from sync.acceptance.facts import ImportFacts, JobFacts, PartitionTally, Profile, RecordRules
+from sync.acceptance.records import tally_records
 from sync.models import Attempt, Launch, Observation, Run, RunProfile, ScrapingJob, SyncTask
 from sync.store import task_key_for
 
@@ -139,9 +139,7 @@ def _add_counts(into: dict[str, int], counts: Mapping[str, int]) -> None:
         into[reason] = into.get(reason, 0) + int(n)
 
 
-def tally(
-    session: Session, run_id: str, dataset: Dataset
-) -> tuple[dict[str, acceptance.PartitionTally], int]:
+def tally(session: Session, run_id: str, dataset: Dataset) -> tuple[dict[str, PartitionTally], int]:
     """Stream the run's observations through the record rules; also count rows rewritten since
     the last verdict."""
     pending = 0
@@ -158,11 +156,11 @@ def tally(
                 pending += 1
             yield partition, payload
 
-    tallies = acceptance.tally_records(records(), acceptance.RecordRules.of(dataset))
+    tallies = tally_records(records(), RecordRules.of(dataset))
     return tallies, pending
 
 
-def accepted_history(session: Session, run: Run, *, limit: int) -> list[acceptance.Profile]:
+def accepted_history(session: Session, run: Run, *, limit: int) -> list[Profile]:
     """The profiles of the dataset's last ``limit`` accepted runs begun before ``run``, newest
     first; rejected runs never count."""
     rows = session.execute(
@@ -178,7 +176,7 @@ def accepted_history(session: Session, run: Run, *, limit: int) -> list[acceptan
         .limit(limit)
     ).scalars()
     return [
-        acceptance.Profile(
+        Profile(
             records=row.records,
             partitions={str(k): int(v) for k, v in row.partitions.items()},
             fill_rates={str(k): float(v) for k, v in row.fill_rates.items()},

@@ -23,7 +23,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sync import publication
-from sync.acceptance import NO_PARTITION
+from sync.acceptance.facts import NO_PARTITION
 from sync.bootstrap import Services
 from sync.models import Observation, PartitionVerdict, Run
 

@@ -26,7 +26,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from sync import logs
-from sync.acceptance import WAITING, Reason
+from sync.acceptance.facts import WAITING, Reason
 from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
 from sync.launch import LaunchError, LaunchOutcome, carry_out, intend, resolve_sitemap

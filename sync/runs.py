@@ -31,8 +31,9 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
-from sync import acceptance, evidence, logs, outbox, publication
-from sync.acceptance import NO_PARTITION, Judgement
+from sync import evidence, logs, outbox, publication
+from sync.acceptance.facts import ACCEPTED, CANDIDATE, NO_PARTITION, Judgement
+from sync.acceptance.verdict import judge, waiting_for_tasks
 from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
 from sync.models import (
@@ -176,7 +177,7 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
             log.warning("evaluation.unconfigured", extra={"run_id": run_id, "dataset": run.dataset})
             return Evaluation(run_id, "unconfigured", run.state, run.revision)
         dataset = services.datasets.get(run.dataset)
-        waiting = acceptance.waiting_for_tasks(evidence.pending_tasks(session, run_id))
+        waiting = waiting_for_tasks(evidence.pending_tasks(session, run_id))
         if waiting is not None:
             if run.state in OPEN:
                 run.state = "candidate"
@@ -188,7 +189,7 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
             )
         tallies, pending_rows = evidence.tally(session, run_id, dataset)
         services.killpoints.reached("mid-evaluation")
-        judgement = acceptance.judge(
+        judgement = judge(
             dataset,
             jobs=evidence.job_facts(session, run_id, errors),
             imports=evidence.import_facts(session, run_id),
@@ -196,7 +197,7 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
             history=evidence.accepted_history(session, run, limit=dataset.quality.baseline_runs),
             run_id=run_id,
         )
-        if judgement.state == acceptance.CANDIDATE:
+        if judgement.state == CANDIDATE:
             # Waiting for Cloud's data-quality result: evaluated_at stays, so the sweep retries.
             if run.state in OPEN:
                 run.state = "candidate"
@@ -234,7 +235,7 @@ def _apply(
         p.partition: "passed" if p.passed else "quarantined" for p in judgement.partitions
     }
     was_accepted = old_state in ("accepted", "published")
-    now_accepted = judgement.state == acceptance.ACCEPTED
+    now_accepted = judgement.state == ACCEPTED
     changed = (
         old_state not in DECIDED
         or was_accepted != now_accepted
@@ -343,7 +344,7 @@ def _write_partition_verdicts(
 def _keep_profile(session: Session, run: Run, judgement: Judgement, now: datetime) -> None:
     """An accepted run's profile joins its dataset's history; a rejected run's leaves it."""
     profile = judgement.profile
-    if judgement.state != acceptance.ACCEPTED or profile is None:
+    if judgement.state != ACCEPTED or profile is None:
         session.execute(delete(RunProfile).where(RunProfile.run_id == run.run_id))
         return
     values = profile.as_dict()

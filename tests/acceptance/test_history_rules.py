@@ -10,8 +10,17 @@ from dataclasses import replace
 import pytest
 
 from config.datasets import Dataset, DatasetsFileError, Quality, parse_datasets
-from sync import acceptance
-from sync.acceptance import ImportFacts, JobFacts, Judgement, PartitionTally, Profile, RecordRules
+from sync.acceptance.facts import (
+    ImportFacts,
+    JobFacts,
+    Judgement,
+    PartitionTally,
+    Profile,
+    RecordRules,
+)
+from sync.acceptance.history import profile_of
+from sync.acceptance.records import tally_records
+from sync.acceptance.verdict import is_note, judge
 
 RULES = RecordRules(required=("sku",), identity_fields=("sku", "retailer"))
 PRODUCTS = Dataset(
@@ -52,7 +61,7 @@ def tallies(
     counts: Mapping[str, int], fill: Mapping[str, float] | None = None
 ) -> dict[str, PartitionTally]:
     """The partition tallies of such records."""
-    return acceptance.tally_records(records_of(counts, fill), RULES)
+    return tally_records(records_of(counts, fill), RULES)
 
 
 def even(n: int) -> dict[str, int]:
@@ -62,10 +71,10 @@ def even(n: int) -> dict[str, int]:
 
 def profile(counts: Mapping[str, int], fill: Mapping[str, float] | None = None) -> Profile:
     """The profile of such a run."""
-    return acceptance.profile_of(tallies(counts, fill))
+    return profile_of(tallies(counts, fill))
 
 
-def judge(
+def judged(
     run: Mapping[str, PartitionTally],
     history: Sequence[Profile],
     dataset: Dataset = PRODUCTS,
@@ -73,7 +82,7 @@ def judge(
     """Judge a run of one clean finished job against ``history`` (newest first)."""
     n = sum(t.records for t in run.values())
     job = JobFacts(job_id=1, status="finished", jobs_scheduled=n, jobs_executed=n)
-    return acceptance.judge(
+    return judge(
         replace(dataset, quality=replace(dataset.quality, use_cloud_quality=False)),
         jobs=[job],
         imports=ImportFacts(n, 0, n, 0),
@@ -84,7 +93,7 @@ def judge(
 
 def codes(judgement: Judgement) -> list[str]:
     """The codes of a verdict's run-level reasons, notes left out."""
-    return [r.code for r in judgement.reasons if not acceptance.is_note(r)]
+    return [r.code for r in judgement.reasons if not is_note(r)]
 
 
 def history_of(*sizes: int) -> list[Profile]:
@@ -110,21 +119,21 @@ def test_a_cold_start_is_judged_by_the_absolute_rules_only() -> None:
     from the third run on the same drop is a record_drop."""
     small = tallies(even(40))
     for sizes in ((), (400,), (400, 400)):
-        verdict = judge(small, history_of(*sizes))
+        verdict = judged(small, history_of(*sizes))
         assert (verdict.state, verdict.baseline) == ("accepted", None)
         assert not [c for c in verdict.checks if c.rule == "record_drop"]
-    verdict = judge(small, history_of(400, 400, 400))
+    verdict = judged(small, history_of(400, 400, 400))
     assert verdict.state == "rejected"
     assert "record_drop" in codes(verdict)
     few = replace(PRODUCTS, quality=replace(PRODUCTS.quality, min_history=1))
-    assert "record_drop" in codes(judge(small, history_of(400), few))
+    assert "record_drop" in codes(judged(small, history_of(400), few))
 
 
 def test_record_drop_holds_the_run_against_the_median_with_got_baseline_and_allowed() -> None:
     """30% below the median of 1000 fails (allowed >= 750); 20% below passes; one odd run in
     the history moves nothing."""
     history = history_of(1000, 1000, 200, 1000, 1400)
-    (reason,) = judge(tallies(even(700)), history).reasons
+    (reason,) = judged(tallies(even(700)), history).reasons
     assert (reason.code, reason.got, reason.baseline, reason.expected) == (
         "record_drop",
         700,
@@ -132,14 +141,14 @@ def test_record_drop_holds_the_run_against_the_median_with_got_baseline_and_allo
         750,
     )
     assert reason.detail["baseline_runs"] == 5
-    assert judge(tallies(even(800)), history).state == "accepted"
+    assert judged(tallies(even(800)), history).state == "accepted"
 
 
 def test_only_the_last_baseline_runs_make_the_baseline() -> None:
     """baseline_runs = 7: runs older than the seventh are forgotten, so a dataset that shrank
     for good stops being compared with its old size."""
     history = history_of(*([500] * 7 + [2000] * 10))
-    verdict = judge(tallies(even(480)), history)
+    verdict = judged(tallies(even(480)), history)
     assert verdict.state == "accepted"
     assert verdict.baseline is not None
     assert len(verdict.baseline.runs) == 7
@@ -148,7 +157,7 @@ def test_only_the_last_baseline_runs_make_the_baseline() -> None:
 def test_a_gain_in_volume_or_a_new_partition_never_fails() -> None:
     """Three times the records and a new retailer: accepted, no history reason."""
     bigger = tallies({**{r: 300 for r in RETAILERS}, "epsilon": 100})
-    verdict = judge(bigger, history_of(400, 400, 400))
+    verdict = judged(bigger, history_of(400, 400, 400))
     assert (verdict.state, codes(verdict)) == ("accepted", [])
 
 
@@ -156,7 +165,7 @@ def test_a_field_emptied_across_partitions_is_a_run_level_fill_rate_drop() -> No
     """price filled in 60% of every retailer's records against 100%: rejected, naming price,
     with got, baseline and the least rate allowed (15 points below)."""
     history = history_of(400, 400, 400)
-    verdict = judge(tallies(even(400), {"price": 0.6}), history)
+    verdict = judged(tallies(even(400), {"price": 0.6}), history)
     assert verdict.state == "rejected"
     (reason,) = verdict.reasons
     assert (reason.code, reason.partition, reason.detail["field"]) == (
@@ -177,8 +186,8 @@ def test_a_field_emptied_in_one_partition_quarantines_that_partition() -> None:
     records = records_of({"beta": 100}, {"price": 0.0}) + records_of(
         {r: 100 for r in RETAILERS if r != "beta"}, start=1000
     )
-    run = acceptance.tally_records(records, RULES)
-    verdict = judge(run, history, replace(PRODUCTS, policy="publish_passing"))
+    run = tally_records(records, RULES)
+    verdict = judged(run, history, replace(PRODUCTS, policy="publish_passing"))
     assert verdict.state == "accepted"
     assert verdict.quarantined == ("beta",)
     beta = next(p for p in verdict.partitions if p.partition == "beta")
@@ -195,7 +204,7 @@ def test_a_field_emptied_in_one_partition_quarantines_that_partition() -> None:
         75,
         True,
     )
-    assert judge(run, history).state == "rejected"  # policy reject: one bad partition rejects
+    assert judged(run, history).state == "rejected"  # policy reject: one bad partition rejects
 
 
 def test_one_blank_value_in_a_tiny_partition_quarantines_nothing() -> None:
@@ -203,16 +212,16 @@ def test_one_blank_value_in_a_tiny_partition_quarantines_nothing() -> None:
     cannot carry a verdict; at fifty records the same share is judged."""
     history = [profile({**even(400), "tiny": 5}) for _ in range(3)]
     records = records_of(even(400)) + records_of({"tiny": 5}, {"price": 0.8}, start=1000)
-    assert judge(acceptance.tally_records(records, RULES), history).state == "accepted"
+    assert judged(tally_records(records, RULES), history).state == "accepted"
     history = [profile({**even(400), "small": 50}) for _ in range(3)]
     records = records_of(even(400)) + records_of({"small": 50}, {"price": 0.8}, start=1000)
-    verdict = judge(acceptance.tally_records(records, RULES), history)
+    verdict = judged(tally_records(records, RULES), history)
     assert verdict.quarantined == ("small",)
 
 
 def test_a_field_that_disappears_is_field_missing_and_not_also_a_fill_rate_drop() -> None:
     """title in every baseline run and in no record now: rejected for field_missing only."""
-    verdict = judge(tallies(even(400), {"title": -1}), history_of(400, 400, 400))
+    verdict = judged(tallies(even(400), {"title": -1}), history_of(400, 400, 400))
     (reason,) = verdict.reasons
     assert (reason.code, reason.got, reason.expected, reason.baseline) == (
         "field_missing",
@@ -226,17 +235,17 @@ def test_a_field_that_disappears_is_field_missing_and_not_also_a_fill_rate_drop(
 def test_a_field_only_some_baseline_runs_had_may_go_missing() -> None:
     """url was in one baseline run of three: its absence is no field_missing."""
     history = [profile(even(400), {"url": -1}), profile(even(400)), profile(even(400), {"url": -1})]
-    verdict = judge(tallies(even(400), {"url": -1}), history)
+    verdict = judged(tallies(even(400), {"url": -1}), history)
     assert verdict.state == "accepted"
 
 
 def test_a_new_field_is_reported_not_failed() -> None:
     """url appears for the first time: the run is accepted with a note that names it."""
     history = [profile(even(400), {"url": -1})] * 3
-    verdict = judge(tallies(even(400)), history)
+    verdict = judged(tallies(even(400)), history)
     assert verdict.state == "accepted"
     (note,) = verdict.reasons
-    assert (note.code, acceptance.is_note(note), note.detail["fields"]) == (
+    assert (note.code, is_note(note), note.detail["fields"]) == (
         "new_fields",
         True,
         ["url"],
@@ -246,7 +255,7 @@ def test_a_new_field_is_reported_not_failed() -> None:
 def test_missing_fields_can_be_allowed() -> None:
     """fail_on_missing_fields = false: the vanished field is judged by its fill rate alone."""
     lenient = replace(PRODUCTS, quality=replace(PRODUCTS.quality, fail_on_missing_fields=False))
-    verdict = judge(tallies(even(400), {"title": -1}), history_of(400, 400, 400), lenient)
+    verdict = judged(tallies(even(400), {"title": -1}), history_of(400, 400, 400), lenient)
     assert codes(verdict) == ["fill_rate_drop"]
 
 
@@ -255,7 +264,7 @@ def test_one_retailer_at_a_tenth_is_a_partition_drop_and_the_rest_is_published()
     publish_passing the run is accepted and its count judged on the partitions it publishes."""
     history = history_of(400, 400, 400)
     run = tallies({"alpha": 100, "beta": 100, "gamma": 100, "delta": 10})
-    verdict = judge(run, history, replace(PRODUCTS, policy="publish_passing"))
+    verdict = judged(run, history, replace(PRODUCTS, policy="publish_passing"))
     assert (verdict.state, verdict.quarantined) == ("accepted", ("delta",))
     assert verdict.counted_records == 300
     delta = next(p for p in verdict.partitions if p.partition == "delta")
@@ -267,13 +276,13 @@ def test_one_retailer_at_a_tenth_is_a_partition_drop_and_the_rest_is_published()
         50,
     )
     assert [r.code for r in verdict.reasons] == ["partition_quarantined"]
-    assert judge(run, history).state == "rejected"
+    assert judged(run, history).state == "rejected"
 
 
 def test_a_partition_that_vanished_is_quarantined_with_no_records() -> None:
     """delta absent altogether: a partition verdict with 0 records and partition_drop."""
     run = tallies({"alpha": 100, "beta": 100, "gamma": 100})
-    verdict = judge(run, history_of(400, 400, 400), replace(PRODUCTS, policy="publish_passing"))
+    verdict = judged(run, history_of(400, 400, 400), replace(PRODUCTS, policy="publish_passing"))
     delta = next(p for p in verdict.partitions if p.partition == "delta")
     assert (delta.records, [r.code for r in delta.reasons]) == (0, ["partition_drop"])
     assert verdict.state == "accepted"
@@ -282,7 +291,7 @@ def test_a_partition_that_vanished_is_quarantined_with_no_records() -> None:
 def test_a_partition_seen_in_a_minority_of_baseline_runs_has_no_baseline() -> None:
     """A retailer that came once in three runs is not expected next time."""
     history = [profile({**even(400), "epsilon": 50}), profile(even(400)), profile(even(400))]
-    verdict = judge(tallies(even(400)), history)
+    verdict = judged(tallies(even(400)), history)
     assert verdict.state == "accepted"
     assert "epsilon" not in {p.partition for p in verdict.partitions}
 
@@ -293,10 +302,10 @@ def simulate(runs: Sequence[tuple[Mapping[str, int], Mapping[str, float]]]) -> l
     states = []
     for counts, fill in runs:
         run = tallies(counts, fill)
-        verdict = judge(run, history)
+        verdict = judged(run, history)
         states.append(verdict.state)
         if verdict.state == "accepted":
-            history.insert(0, acceptance.profile_of(run))
+            history.insert(0, profile_of(run))
     return states
 
 
@@ -331,7 +340,7 @@ def test_noise_of_five_percent_over_ten_runs_rejects_nothing(seed: int) -> None:
 def test_every_rule_applied_is_kept_as_a_check_pass_or_fail() -> None:
     """The checks name each rule with its figure, baseline and allowance, so a run that passed
     still shows how close it came."""
-    verdict = judge(tallies(even(760)), history_of(1000, 1000, 1000))
+    verdict = judged(tallies(even(760)), history_of(1000, 1000, 1000))
     checks = {(c.rule, c.subject): c for c in verdict.checks}
     drop = checks[("record_drop", None)]
     assert (drop.passed, drop.got, drop.baseline) == (True, 760, 1000)

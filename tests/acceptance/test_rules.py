@@ -8,14 +8,27 @@ from typing import Any
 import pytest
 
 from config.datasets import Dataset, DatasetsFileError, Quality, parse_datasets
-from sync import acceptance
-from sync.acceptance import (
+from sync.acceptance.facts import (
+    NO_PARTITION,
+    SAMPLES,
     ImportFacts,
     JobFacts,
     PartitionTally,
     Reason,
     RecordRules,
 )
+from sync.acceptance.parsers import PARSERS, parses_as_integer, parses_as_number, parses_as_url
+from sync.acceptance.records import is_empty_shell, tally_records
+from sync.acceptance.rules import (
+    cloud_quality_reasons,
+    duplicate_reasons,
+    entity_key_reasons,
+    job_status_reasons,
+    page_counter_reasons,
+    partition_reasons,
+    record_count_reasons,
+)
+from sync.acceptance.verdict import is_waiting, judge, waiting_for_tasks
 
 QUALITY = Quality(parsers={"price": "number"})
 RULES = RecordRules(
@@ -73,7 +86,7 @@ def codes(reasons: list[Reason] | tuple[Reason, ...]) -> list[str]:
 )
 def test_prices_in_the_usual_spellings_parse_as_numbers(value: object) -> None:
     """Currency signs and codes, thousands separators and decimal commas are numbers."""
-    assert acceptance.parses_as_number(value)
+    assert parses_as_number(value)
 
 
 @pytest.mark.parametrize(
@@ -81,19 +94,19 @@ def test_prices_in_the_usual_spellings_parse_as_numbers(value: object) -> None:
 )
 def test_garbage_does_not_parse_as_a_number(value: object) -> None:
     """Words, markup, booleans, NaN and a bare currency are not prices."""
-    assert not acceptance.parses_as_number(value)
+    assert not parses_as_number(value)
 
 
 def test_integers_urls_and_nonempty_values_have_their_own_parsers() -> None:
     """Each configured parser accepts its kind and refuses the rest."""
-    assert acceptance.parses_as_integer("1,200")
-    assert acceptance.parses_as_integer(3.0)
-    assert not acceptance.parses_as_integer("3.5")
-    assert acceptance.parses_as_url("https://alpha.example/p/1")
-    assert not acceptance.parses_as_url("/p/1")
-    assert not acceptance.parses_as_url("http://a b/")
-    assert acceptance.PARSERS["nonempty"]("x")
-    assert not acceptance.PARSERS["nonempty"]("  ")
+    assert parses_as_integer("1,200")
+    assert parses_as_integer(3.0)
+    assert not parses_as_integer("3.5")
+    assert parses_as_url("https://alpha.example/p/1")
+    assert not parses_as_url("/p/1")
+    assert not parses_as_url("http://a b/")
+    assert PARSERS["nonempty"]("x")
+    assert not PARSERS["nonempty"]("  ")
 
 
 # --- records --------------------------------------------------------------------------------
@@ -101,7 +114,7 @@ def test_integers_urls_and_nonempty_values_have_their_own_parsers() -> None:
 
 def test_a_record_missing_a_required_field_is_counted_per_field() -> None:
     """Empty, blank and absent required fields are counted under the field's name."""
-    tallies = acceptance.tally_records(
+    tallies = tally_records(
         [
             ("alpha", product(1, price="")),
             ("alpha", {"sku": "SKU-2", "title": "t"}),
@@ -116,7 +129,7 @@ def test_a_record_missing_a_required_field_is_counted_per_field() -> None:
 def test_unparsable_values_are_counted_with_samples() -> None:
     """A price that is not a number is counted and a few of its values kept as samples."""
     records = [("beta", product(i, price="call us")) for i in range(5)]
-    tally = acceptance.tally_records(records, RULES)["beta"]
+    tally = tally_records(records, RULES)["beta"]
     assert tally.unparsable == {"price": 5}
     assert tally.samples["unparsable:price"] == ["call us"] * 3
 
@@ -126,23 +139,23 @@ def test_a_consent_page_and_an_empty_shell_are_recognised() -> None:
     are all empty (key and partition aside) is an empty shell."""
     consent = product(1, title="Before you continue to Google", price="")
     shell = {"sku": "SKU-2", "title": "", "price": None, "retailer": "alpha"}
-    tally = acceptance.tally_records([("a", consent), ("a", shell), ("a", product(3))], RULES)["a"]
+    tally = tally_records([("a", consent), ("a", shell), ("a", product(3))], RULES)["a"]
     assert (tally.consent_pages, tally.empty_shells) == (1, 1)
-    assert not acceptance.is_empty_shell({"sku": "SKU-1"}, ("sku",))
+    assert not is_empty_shell({"sku": "SKU-1"}, ("sku",))
 
 
 def test_records_without_a_partition_are_tallied_together() -> None:
     """Records with no partition value share the ``(none)`` partition."""
-    tallies = acceptance.tally_records([(None, product(1)), (None, product(2))], RULES)
-    assert list(tallies) == [acceptance.NO_PARTITION]
+    tallies = tally_records([(None, product(1)), (None, product(2))], RULES)
+    assert list(tallies) == [NO_PARTITION]
 
 
 def test_a_partition_fails_only_above_its_threshold_with_the_numbers() -> None:
     """2 unparsable prices in 100 records pass at 5%; 10 fail, with got and expected."""
     tally = PartitionTally("beta", records=100, unparsable={"price": 2})
-    assert acceptance.partition_reasons(tally, QUALITY) == []
+    assert partition_reasons(tally, QUALITY) == []
     tally.unparsable["price"] = 10
-    (reason,) = acceptance.partition_reasons(tally, QUALITY)
+    (reason,) = partition_reasons(tally, QUALITY)
     assert (reason.code, reason.got, reason.expected, reason.partition) == (
         "unparsable",
         10.0,
@@ -155,9 +168,9 @@ def test_a_partition_fails_only_above_its_threshold_with_the_numbers() -> None:
 def test_consent_pages_and_empty_shells_fail_a_partition() -> None:
     """Pages that are not data fail the partition they were counted in."""
     tally = PartitionTally("a", records=10, consent_pages=10, empty_shells=0)
-    assert codes(acceptance.partition_reasons(tally, QUALITY)) == ["consent_page"]
+    assert codes(partition_reasons(tally, QUALITY)) == ["consent_page"]
     tally = PartitionTally("a", records=10, empty_shells=4, missing={"price": 4})
-    assert codes(acceptance.partition_reasons(tally, QUALITY)) == [
+    assert codes(partition_reasons(tally, QUALITY)) == [
         "required_missing",
         "empty_shell",
     ]
@@ -168,7 +181,7 @@ def test_consent_pages_and_empty_shells_fail_a_partition() -> None:
 
 def test_a_job_that_did_not_finish_fails_the_run() -> None:
     """A failed or stopped job is not a complete collection."""
-    (reason,) = acceptance.job_status_reasons([finished(1), replace(finished(2), status="stopped")])
+    (reason,) = job_status_reasons([finished(1), replace(finished(2), status="stopped")])
     assert (reason.code, reason.got, reason.expected) == ("job_not_finished", "stopped", "finished")
 
 
@@ -180,7 +193,7 @@ def test_page_counters_are_judged_against_pages_scheduled() -> None:
         jobs_failed=5,
         problematic_urls=[{"url": "https://a/1", "type": "empty"}],
     )
-    (reason,) = acceptance.page_counter_reasons([job], QUALITY)
+    (reason,) = page_counter_reasons([job], QUALITY)
     assert (reason.code, reason.got, reason.expected) == ("empty_pages", 20.0, 5)
     assert reason.detail["pages"] == 20
     assert reason.detail["scheduled"] == 100
@@ -190,7 +203,7 @@ def test_page_counters_are_judged_against_pages_scheduled() -> None:
 def test_page_counters_add_up_over_the_runs_jobs() -> None:
     """Two jobs of one run: their failed pages count against their pages together."""
     jobs = [finished(1, scheduled=50, jobs_failed=3), finished(2, scheduled=50, jobs_failed=3)]
-    (reason,) = acceptance.page_counter_reasons(jobs, QUALITY)
+    (reason,) = page_counter_reasons(jobs, QUALITY)
     assert (reason.code, reason.got) == ("failed_pages", 6.0)
 
 
@@ -200,16 +213,16 @@ def test_pages_a_recovery_job_scraped_cleanly_no_longer_count() -> None:
     failed = [{"url": f"https://a/{i}", "type": "failed"} for i in range(10)]
     original = finished(1, scheduled=100, jobs_failed=10, problematic_urls=failed)
     clean = replace(finished(2, scheduled=10), recovery_start_urls=[u["url"] for u in failed])
-    assert acceptance.page_counter_reasons([original, clean], QUALITY) == []
+    assert page_counter_reasons([original, clean], QUALITY) == []
     partly = replace(
         finished(2, scheduled=10, jobs_failed=6, problematic_urls=failed[:6]),
         recovery_start_urls=[u["url"] for u in failed],
     )
-    (reason,) = acceptance.page_counter_reasons([original, partly], QUALITY)
+    (reason,) = page_counter_reasons([original, partly], QUALITY)
     assert (reason.code, reason.got, reason.detail["scheduled"]) == ("failed_pages", 6.0, 100)
-    assert reason.detail["sample_urls"] == [u["url"] for u in failed[: acceptance.SAMPLES]]
+    assert reason.detail["sample_urls"] == [u["url"] for u in failed[:SAMPLES]]
     unfinished = replace(clean, status="started")
-    (still,) = acceptance.page_counter_reasons([original, unfinished], QUALITY)
+    (still,) = page_counter_reasons([original, unfinished], QUALITY)
     assert still.got == 10.0
 
 
@@ -221,7 +234,7 @@ def test_every_failed_leaf_of_clouds_data_quality_is_a_reason() -> None:
         "overall_data_quality_success": False,
     }
     job = replace(finished(), data_quality=result)
-    (reason,) = acceptance.cloud_quality_reasons([job], QUALITY)
+    (reason,) = cloud_quality_reasons([job], QUALITY)
     assert (reason.code, reason.got, reason.expected) == ("cloud_quality", 0, 95)
     assert reason.detail["criterion"] == "min_column_records.sku"
 
@@ -229,30 +242,30 @@ def test_every_failed_leaf_of_clouds_data_quality_is_a_reason() -> None:
 def test_clouds_data_quality_can_be_switched_off() -> None:
     """With use_cloud_quality = false, Cloud's verdict is not a gate."""
     job = replace(finished(), data_quality={"overall_data_quality_success": False})
-    assert acceptance.cloud_quality_reasons([job], replace(QUALITY, use_cloud_quality=False)) == []
-    assert codes(acceptance.cloud_quality_reasons([job], QUALITY)) == ["cloud_quality"]
+    assert cloud_quality_reasons([job], replace(QUALITY, use_cloud_quality=False)) == []
+    assert codes(cloud_quality_reasons([job], QUALITY)) == ["cloud_quality"]
 
 
 def test_an_unread_data_quality_result_is_waited_for_not_failed() -> None:
     """A finished job whose result could not be read yet makes a waiting reason."""
     job = replace(finished(), data_quality=None, quality_error="CloudServerError: 503")
-    (reason,) = acceptance.cloud_quality_reasons([job], QUALITY)
+    (reason,) = cloud_quality_reasons([job], QUALITY)
     assert reason.code == "cloud_quality_unavailable"
-    assert acceptance.is_waiting(reason)
+    assert is_waiting(reason)
     assert "503" in reason.message
 
 
 def test_records_without_an_entity_key_fail_the_run() -> None:
     """Pages that yielded no key (a consent wall blanks every field) are counted against read."""
-    assert acceptance.entity_key_reasons(ImportFacts(100, 5, 95, 0), QUALITY) == []
-    (reason,) = acceptance.entity_key_reasons(ImportFacts(100, 100, 0, 0), QUALITY)
+    assert entity_key_reasons(ImportFacts(100, 5, 95, 0), QUALITY) == []
+    (reason,) = entity_key_reasons(ImportFacts(100, 100, 0, 0), QUALITY)
     assert (reason.code, reason.got, reason.expected) == ("records_without_key", 100.0, 5)
 
 
 def test_conflicting_duplicates_fail_the_run_above_their_threshold() -> None:
     """Keys seen twice with different payloads in one job make identity ambiguous."""
-    assert acceptance.duplicate_reasons(ImportFacts(100, 0, 100, 1), QUALITY) == []
-    (reason,) = acceptance.duplicate_reasons(ImportFacts(100, 0, 90, 9), QUALITY)
+    assert duplicate_reasons(ImportFacts(100, 0, 100, 1), QUALITY) == []
+    (reason,) = duplicate_reasons(ImportFacts(100, 0, 90, 9), QUALITY)
     assert (reason.code, reason.got, reason.expected) == ("conflicting_duplicates", 10.0, 1)
 
 
@@ -260,10 +273,10 @@ def test_record_count_is_judged_against_the_minimum_and_the_baseline() -> None:
     """Too few records, or a drop beyond max_record_drop_percent below the baseline, fail with
     the run's count, the baseline and the least count allowed; a gain never fails."""
     quality = replace(QUALITY, min_records=10, max_record_drop_percent=50.0)
-    assert codes(acceptance.record_count_reasons(5, None, quality)) == ["min_records"]
-    assert acceptance.record_count_reasons(600, 1000, quality) == []
-    assert acceptance.record_count_reasons(9000, 1000, quality) == []
-    (drop,) = acceptance.record_count_reasons(400, 1000, quality, runs=7)
+    assert codes(record_count_reasons(5, None, quality)) == ["min_records"]
+    assert record_count_reasons(600, 1000, quality) == []
+    assert record_count_reasons(9000, 1000, quality) == []
+    (drop,) = record_count_reasons(400, 1000, quality, runs=7)
     assert (drop.code, drop.got, drop.baseline, drop.expected) == ("record_drop", 400, 1000, 500)
     assert drop.detail == {"drop_percent": 60.0, "max_drop_percent": 50, "baseline_runs": 7}
     assert "baseline of 1000 (the median of the last 7 accepted runs)" in drop.message
@@ -279,12 +292,12 @@ def tallies_with_garbage(garbage: str = "beta") -> dict[str, PartitionTally]:
         for retailer in ("alpha", "beta", "gamma")
         for i in range(100)
     ]
-    return acceptance.tally_records(records, RULES)
+    return tally_records(records, RULES)
 
 
-def judge(dataset: Dataset, tallies: dict[str, PartitionTally], **kw: Any) -> Any:
+def judged(dataset: Dataset, tallies: dict[str, PartitionTally], **kw: Any) -> Any:
     """Judge a run of one finished job with clean imports."""
-    return acceptance.judge(
+    return judge(
         dataset,
         jobs=kw.get("jobs", [finished(scheduled=300)]),
         imports=kw.get("imports", ImportFacts(300, 0, 300, 0)),
@@ -294,14 +307,14 @@ def judge(dataset: Dataset, tallies: dict[str, PartitionTally], **kw: Any) -> An
 
 def test_a_clean_run_is_accepted_with_every_partition() -> None:
     """No reason, no quarantine: accepted, all partitions publishable."""
-    verdict = judge(PRODUCTS, tallies_with_garbage(garbage="none"))
+    verdict = judged(PRODUCTS, tallies_with_garbage(garbage="none"))
     assert (verdict.state, verdict.reasons) == ("accepted", ())
     assert verdict.publishable == ("alpha", "beta", "gamma")
 
 
 def test_a_failing_partition_rejects_the_run_under_the_default_policy() -> None:
     """Policy reject: one quarantined partition rejects the whole run, naming the partition."""
-    verdict = judge(PRODUCTS, tallies_with_garbage())
+    verdict = judged(PRODUCTS, tallies_with_garbage())
     assert verdict.state == "rejected"
     assert verdict.quarantined == ("beta",)
     assert verdict.publishable == ()
@@ -312,7 +325,7 @@ def test_a_failing_partition_rejects_the_run_under_the_default_policy() -> None:
 def test_publish_passing_accepts_the_passing_partitions_only() -> None:
     """Policy publish_passing: the run is accepted and only passing partitions are published;
     the counts judge what is published."""
-    verdict = judge(replace(PRODUCTS, policy="publish_passing"), tallies_with_garbage())
+    verdict = judged(replace(PRODUCTS, policy="publish_passing"), tallies_with_garbage())
     assert verdict.state == "accepted"
     assert verdict.publishable == ("alpha", "gamma")
     assert verdict.counted_records == 200
@@ -321,16 +334,14 @@ def test_publish_passing_accepts_the_passing_partitions_only() -> None:
 def test_publish_passing_rejects_when_no_partition_passes() -> None:
     """Nothing passing, nothing to publish: rejected."""
     records = [("a", product(i, "a", price="N/A")) for i in range(10)]
-    verdict = judge(
-        replace(PRODUCTS, policy="publish_passing"), acceptance.tally_records(records, RULES)
-    )
+    verdict = judged(replace(PRODUCTS, policy="publish_passing"), tally_records(records, RULES))
     assert verdict.state == "rejected"
 
 
 def test_a_run_level_failure_rejects_whatever_the_policy() -> None:
     """Cloud's empty pages over the threshold reject even a publish_passing run."""
     jobs = [finished(scheduled=300, jobs_empty=60)]
-    verdict = judge(replace(PRODUCTS, policy="publish_passing"), tallies_with_garbage(), jobs=jobs)
+    verdict = judged(replace(PRODUCTS, policy="publish_passing"), tallies_with_garbage(), jobs=jobs)
     assert verdict.state == "rejected"
     assert "empty_pages" in codes(verdict.reasons)
 
@@ -338,25 +349,25 @@ def test_a_run_level_failure_rejects_whatever_the_policy() -> None:
 def test_a_run_waiting_for_clouds_result_stays_a_candidate_unless_already_failing() -> None:
     """A missing Cloud result keeps a clean run a candidate but does not save a bad one."""
     waiting = [replace(finished(scheduled=300), data_quality=None)]
-    clean = judge(PRODUCTS, tallies_with_garbage(garbage="none"), jobs=waiting)
+    clean = judged(PRODUCTS, tallies_with_garbage(garbage="none"), jobs=waiting)
     assert clean.state == "candidate"
     assert codes(clean.reasons) == ["cloud_quality_unavailable"]
-    assert judge(PRODUCTS, tallies_with_garbage(), jobs=waiting).state == "rejected"
+    assert judged(PRODUCTS, tallies_with_garbage(), jobs=waiting).state == "rejected"
 
 
 def test_an_empty_run_is_rejected_for_its_record_count() -> None:
     """No records at all: the minimum fails."""
-    verdict = judge(PRODUCTS, {}, imports=ImportFacts(40, 40, 0, 0))
+    verdict = judged(PRODUCTS, {}, imports=ImportFacts(40, 40, 0, 0))
     assert verdict.state == "rejected"
     assert set(codes(verdict.reasons)) == {"records_without_key", "min_records"}
 
 
 def test_waiting_tasks_are_listed_with_their_states() -> None:
     """A run with uncommitted tasks names them and how many."""
-    assert acceptance.waiting_for_tasks({}) is None
-    reason = acceptance.waiting_for_tasks({"job-2": "retry_wait", "job-1": "pending"})
+    assert waiting_for_tasks({}) is None
+    reason = waiting_for_tasks({"job-2": "retry_wait", "job-1": "pending"})
     assert reason is not None
-    assert acceptance.is_waiting(reason)
+    assert is_waiting(reason)
     assert (reason.got, reason.expected) == (2, 0)
     assert "job-1 (pending), job-2 (retry_wait)" in reason.message
 

@@ -1,0 +1,66 @@
+"""One record's defects (missing required fields, values that do not parse, consent pages,
+empty shells) and the fields it fills, tallied per partition as the run's records stream by."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
+from sync.acceptance.parsers import PARSERS, is_filled
+
+
+def is_consent_page(record: Mapping[str, Any], markers: Sequence[str]) -> bool:
+    """Whether any text field of a record carries a consent or bot-wall marker."""
+    for value in record.values():
+        if isinstance(value, str):
+            lowered = value.lower()
+            if any(marker in lowered for marker in markers):
+                return True
+    return False
+
+
+def is_empty_shell(record: Mapping[str, Any], identity_fields: Sequence[str]) -> bool:
+    """Whether a record has content fields and every one of them is empty (a page that rendered
+    its frame but no data)."""
+    content = [k for k in record if k not in identity_fields]
+    return bool(content) and not any(is_filled(record[k]) for k in content)
+
+
+def tally_record(tally: PartitionTally, record: Mapping[str, Any], rules: RecordRules) -> None:
+    """Count one record's defects, and the fields it fills, into its partition's tally."""
+    tally.records += 1
+    filled = tally.filled
+    for name, value in record.items():
+        if is_filled(value):
+            filled[name] = filled.get(name, 0) + 1
+        elif name not in filled:
+            filled[name] = 0
+    for name in rules.required:
+        if not is_filled(record.get(name)):
+            tally.missing[name] = tally.missing.get(name, 0) + 1
+    for name, parser in rules.parsers.items():
+        value = record.get(name)
+        if is_filled(value) and not PARSERS[parser](value):
+            tally.unparsable[name] = tally.unparsable.get(name, 0) + 1
+            tally.note(f"unparsable:{name}", value)
+    if rules.consent_markers and is_consent_page(record, rules.consent_markers):
+        tally.consent_pages += 1
+        title = record.get("title")
+        tally.note("consent", title if is_filled(title) else dict(record))
+    elif is_empty_shell(record, rules.identity_fields):
+        tally.empty_shells += 1
+
+
+def tally_records(
+    records: Iterable[tuple[str | None, Mapping[str, Any]]], rules: RecordRules
+) -> dict[str, PartitionTally]:
+    """Tally (partition, record) pairs per partition; records without one go to ``(none)``."""
+    tallies: dict[str, PartitionTally] = {}
+    for partition, record in records:
+        name = partition if partition is not None else NO_PARTITION
+        tally = tallies.get(name)
+        if tally is None:
+            tally = tallies[name] = PartitionTally(name)
+        tally_record(tally, record, rules)
+    return tallies
