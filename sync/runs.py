@@ -66,7 +66,6 @@ class Evaluation:
     revision: int = 0
     events: tuple[str, ...] = ()
     reasons: tuple[dict[str, Any], ...] = ()
-    changed: bool = False
 
 
 # --- the use case -------------------------------------------------------------------------------
@@ -280,7 +279,6 @@ def _apply(
         run.revision,
         events=tuple(events),
         reasons=tuple(run.reasons),
-        changed=changed,
     )
 
 

@@ -268,15 +268,3 @@ class Judgement:
     profile: Profile | None = None
     baseline: Baseline | None = None
     checks: tuple[Check, ...] = ()
-
-    @property
-    def publishable(self) -> tuple[str, ...]:
-        """The partitions whose records are published when the run is accepted."""
-        if self.state != ACCEPTED:
-            return ()
-        return tuple(p.partition for p in self.partitions if p.passed)
-
-    @property
-    def quarantined(self) -> tuple[str, ...]:
-        """The partitions that failed their checks."""
-        return tuple(p.partition for p in self.partitions if not p.passed)

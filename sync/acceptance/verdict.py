@@ -10,7 +10,6 @@ from sync.acceptance.checks import absolute_checks
 from sync.acceptance.facts import (
     ACCEPTED,
     CANDIDATE,
-    NOTE,
     REJECTED,
     WAITING,
     Check,
@@ -47,11 +46,6 @@ from sync.acceptance.rules import (
 def is_waiting(reason: Reason) -> bool:
     """Whether a reason says what the run waits for rather than what is wrong with it."""
     return reason.detail.get("kind") == WAITING
-
-
-def is_note(reason: Reason) -> bool:
-    """Whether a reason only reports something (a new field), failing nothing."""
-    return reason.detail.get("kind") == NOTE
 
 
 def judge(

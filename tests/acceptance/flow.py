@@ -21,6 +21,7 @@ from config.datasets import parse_datasets
 from simulator import CloudState
 from simulator.records import generate_records
 from sync import export, publication, runs, store, tasks
+from sync.acceptance.facts import Judgement
 from sync.bootstrap import Services
 from sync.models import OutboxEvent, PartitionVerdict, Run
 from sync.queue import RecordingDispatcher, RQDispatcher
@@ -216,6 +217,19 @@ def verdict(services: Services, run_id: str) -> StoredVerdict:
                 {"event_id": e.event_id, "type": e.event_type, "state": e.state} for e in events
             ],
         )
+
+
+def quarantined(judgement: Judgement) -> tuple[str, ...]:
+    """The partitions of a judged run that failed their checks."""
+    return tuple(p.partition for p in judgement.partitions if not p.passed)
+
+
+def publishable(judgement: Judgement) -> tuple[str, ...]:
+    """The partitions of a judged run whose records are published: the passing ones of an
+    accepted run, none of any other."""
+    if judgement.state != "accepted":
+        return ()
+    return tuple(p.partition for p in judgement.partitions if p.passed)
 
 
 def published(services: Services) -> str | None:

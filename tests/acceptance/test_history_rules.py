@@ -11,6 +11,7 @@ import pytest
 
 from config.datasets import Dataset, DatasetsFileError, Quality, parse_datasets
 from sync.acceptance.facts import (
+    NOTE,
     ImportFacts,
     JobFacts,
     Judgement,
@@ -20,7 +21,8 @@ from sync.acceptance.facts import (
 )
 from sync.acceptance.history import profile_of
 from sync.acceptance.records import tally_records
-from sync.acceptance.verdict import is_note, judge
+from sync.acceptance.verdict import judge
+from tests.acceptance.flow import quarantined
 
 RULES = RecordRules(required=("sku",), identity_fields=("sku", "retailer"))
 PRODUCTS = Dataset(
@@ -93,7 +95,7 @@ def judged(
 
 def codes(judgement: Judgement) -> list[str]:
     """The codes of a verdict's run-level reasons, notes left out."""
-    return [r.code for r in judgement.reasons if not is_note(r)]
+    return [r.code for r in judgement.reasons if r.detail.get("kind") != NOTE]
 
 
 def history_of(*sizes: int) -> list[Profile]:
@@ -176,7 +178,7 @@ def test_a_field_emptied_across_partitions_is_a_run_level_fill_rate_drop() -> No
     assert (reason.got, reason.baseline, reason.expected) == (60, 100, 85)
     assert sorted(reason.detail["partitions"]) == sorted(RETAILERS)
     assert "'price'" in reason.message
-    assert verdict.quarantined == ()
+    assert quarantined(verdict) == ()
 
 
 def test_a_field_emptied_in_one_partition_quarantines_that_partition() -> None:
@@ -189,7 +191,7 @@ def test_a_field_emptied_in_one_partition_quarantines_that_partition() -> None:
     run = tally_records(records, RULES)
     verdict = judged(run, history, replace(PRODUCTS, policy="publish_passing"))
     assert verdict.state == "accepted"
-    assert verdict.quarantined == ("beta",)
+    assert quarantined(verdict) == ("beta",)
     beta = next(p for p in verdict.partitions if p.partition == "beta")
     (reason,) = beta.reasons
     assert (reason.code, reason.partition, reason.got, reason.baseline) == (
@@ -216,7 +218,7 @@ def test_one_blank_value_in_a_tiny_partition_quarantines_nothing() -> None:
     history = [profile({**even(400), "small": 50}) for _ in range(3)]
     records = records_of(even(400)) + records_of({"small": 50}, {"price": 0.8}, start=1000)
     verdict = judged(tally_records(records, RULES), history)
-    assert verdict.quarantined == ("small",)
+    assert quarantined(verdict) == ("small",)
 
 
 def test_a_field_that_disappears_is_field_missing_and_not_also_a_fill_rate_drop() -> None:
@@ -245,7 +247,7 @@ def test_a_new_field_is_reported_not_failed() -> None:
     verdict = judged(tallies(even(400)), history)
     assert verdict.state == "accepted"
     (note,) = verdict.reasons
-    assert (note.code, is_note(note), note.detail["fields"]) == (
+    assert (note.code, note.detail["kind"] == NOTE, note.detail["fields"]) == (
         "new_fields",
         True,
         ["url"],
@@ -265,7 +267,7 @@ def test_one_retailer_at_a_tenth_is_a_partition_drop_and_the_rest_is_published()
     history = history_of(400, 400, 400)
     run = tallies({"alpha": 100, "beta": 100, "gamma": 100, "delta": 10})
     verdict = judged(run, history, replace(PRODUCTS, policy="publish_passing"))
-    assert (verdict.state, verdict.quarantined) == ("accepted", ("delta",))
+    assert (verdict.state, quarantined(verdict)) == ("accepted", ("delta",))
     assert verdict.counted_records == 300
     delta = next(p for p in verdict.partitions if p.partition == "delta")
     (reason,) = delta.reasons

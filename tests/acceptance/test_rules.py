@@ -29,6 +29,7 @@ from sync.acceptance.rules import (
     record_count_reasons,
 )
 from sync.acceptance.verdict import is_waiting, judge, waiting_for_tasks
+from tests.acceptance.flow import publishable, quarantined
 
 QUALITY = Quality(parsers={"price": "number"})
 RULES = RecordRules(
@@ -309,15 +310,15 @@ def test_a_clean_run_is_accepted_with_every_partition() -> None:
     """No reason, no quarantine: accepted, all partitions publishable."""
     verdict = judged(PRODUCTS, tallies_with_garbage(garbage="none"))
     assert (verdict.state, verdict.reasons) == ("accepted", ())
-    assert verdict.publishable == ("alpha", "beta", "gamma")
+    assert publishable(verdict) == ("alpha", "beta", "gamma")
 
 
 def test_a_failing_partition_rejects_the_run_under_the_default_policy() -> None:
     """Policy reject: one quarantined partition rejects the whole run, naming the partition."""
     verdict = judged(PRODUCTS, tallies_with_garbage())
     assert verdict.state == "rejected"
-    assert verdict.quarantined == ("beta",)
-    assert verdict.publishable == ()
+    assert quarantined(verdict) == ("beta",)
+    assert publishable(verdict) == ()
     (reason,) = verdict.reasons
     assert (reason.code, reason.partition) == ("partition_quarantined", "beta")
 
@@ -327,7 +328,7 @@ def test_publish_passing_accepts_the_passing_partitions_only() -> None:
     the counts judge what is published."""
     verdict = judged(replace(PRODUCTS, policy="publish_passing"), tallies_with_garbage())
     assert verdict.state == "accepted"
-    assert verdict.publishable == ("alpha", "gamma")
+    assert publishable(verdict) == ("alpha", "gamma")
     assert verdict.counted_records == 200
 
 
