@@ -22,10 +22,9 @@ from typing import IO, Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from sync import publication
 from sync.acceptance.facts import NO_PARTITION
 from sync.bootstrap import Services
-from sync.models import Observation, PartitionVerdict, Run
+from sync.models import Observation, PartitionVerdict, Publication, Run
 
 FORMATS = ("jsonl", "csv")
 FORMULA_STARTS = frozenset("=+-@\t\r")
@@ -95,7 +94,9 @@ def write_export(
     """Write an export inside the caller's transaction (a consistent snapshot of the run)."""
     if fmt not in FORMATS:
         raise ExportError(f"format must be one of {FORMATS}, got {fmt!r}")
-    current = publication.published_run_id(session, dataset)
+    current = session.execute(
+        select(Publication.run_id).where(Publication.dataset == dataset, Publication.is_current)
+    ).scalar_one_or_none()
     if run_id is None:
         if current is None:
             raise ExportError(f"dataset {dataset!r} has no published run yet")
