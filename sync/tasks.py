@@ -5,7 +5,7 @@ is never trusted), streams the JSON Lines export into a staging table and merges
 observations in the SAME transaction that marks the task committed under the current lease
 token. A stale worker's commit matches no task row and rolls back whole. Commit comes first; the
 RQ job is acknowledged only after it. Every failure is classified in one place
-(:func:`classify`) into retry_wait, quarantined, gone or dead.
+(:func:`sync.failures.classify`) into retry_wait, quarantined, gone or dead.
 
 A lease ends with its holder: when the worker is told to shut down (SIGTERM turns into RQ's
 ShutDownImminentException in the work horse) or the attempt is otherwise interrupted, the
@@ -27,7 +27,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select, update
-from sqlalchemy.exc import DataError, DBAPIError, SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
@@ -35,48 +34,23 @@ from sync import logs, staging, store
 from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.cloud.download import InvalidRecord
-from sync.cloud.errors import (
-    ApiBudgetExhaustedError,
-    CloudAuthError,
-    CloudError,
-    CloudNotFoundError,
-    CloudRateLimitedError,
-    CloudValidationError,
-)
+from sync.cloud.errors import CloudError
 from sync.cloud.jobs import CloudJob
+from sync.failures import (
+    PERMANENT,
+    JobNotFinishedError,
+    NoDatasetError,
+    UnusableJobError,
+    classify,
+    failure_message,
+    throttled_in_a_row,
+)
 from sync.identity import RecordIdentity
-from sync.models import Attempt, Launch, Run, SyncTask
-from sync.retry import backoff as jittered
+from sync.models import Launch, Run, SyncTask
 from sync.staging import UpsertCounts
 from sync.store import Lease, StaleLeaseError
 
 log = logs.get("sync")
-
-BACKOFF_BASE = 10.0
-BACKOFF_CAP = 900.0
-POLL_BASE = 60.0
-POLL_CAP = 900.0
-
-
-class JobNotFinishedError(Exception):
-    """Cloud is still scraping the job; its data is not final. The run it belongs to is known,
-    so the run waits for it."""
-
-    def __init__(self, message: str, *, run_id: str) -> None:
-        super().__init__(message)
-        self.run_id = run_id
-
-
-class NoDatasetError(Exception):
-    """The job's sitemap feeds no configured dataset."""
-
-
-class UnusableJobError(Exception):
-    """What Cloud says about the job cannot be used (a counter or time out of range, a status
-    nobody knows for too long), and asking again will not change that."""
-
-
-PERMANENT = (CloudAuthError, CloudValidationError, NoDatasetError, UnusableJobError, DataError)
 
 
 @dataclass(frozen=True)
@@ -106,24 +80,6 @@ class SyncResult:
     error: str | None = None
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """How a failure is handled: the task's next state, when to try again, whether it counts
-    against the retry budget."""
-
-    state: str
-    wait: float | None
-    count_failure: bool
-
-
-THROTTLED = ("CloudRateLimitedError", "ApiBudgetExhaustedError")
-
-
-def backoff(failures: int, draw: float) -> float:
-    """The task's wait after its ``failures``-th failure in a row (draw in [0, 1))."""
-    return jittered(failures, draw, base=BACKOFF_BASE, cap=BACKOFF_CAP)
-
-
 def job_fingerprint(job: CloudJob, run_id: str) -> str:
     """What a sync of ``job`` into ``run_id`` depends on, as Cloud reports it: a job whose
     fingerprint is unchanged since its last committed sync has nothing new to download."""
@@ -139,34 +95,6 @@ def job_fingerprint(job: CloudJob, run_id: str) -> str:
         job.scraping_duration,
     ]
     return hashlib.sha256(json.dumps(facts).encode()).hexdigest()
-
-
-def classify(exc: BaseException, *, failures: int, draw: float, throttled: int = 0) -> Verdict:
-    """The one place that decides what a failure of the sync task means (``throttled``: how
-    many attempts in a row before this one Cloud or the budget refused)."""
-    if isinstance(exc, JobNotFinishedError):
-        return Verdict("retry_wait", min(POLL_CAP, POLL_BASE * 2.0 ** min(failures, 10)), False)
-    if isinstance(exc, PERMANENT):  # retrying cannot fix these: quarantined at once
-        return Verdict("quarantined", None, False)
-    if isinstance(exc, CloudNotFoundError):
-        return Verdict("gone", None, False)
-    if isinstance(exc, CloudRateLimitedError | ApiBudgetExhaustedError):
-        if exc.retry_after is not None:
-            return Verdict("retry_wait", exc.retry_after + draw, False)
-        # Cloud named no wait: wait longer each time in a row (half of the ceiling at least),
-        # never spending the failure budget
-        return Verdict("retry_wait", backoff(throttled + 1, 0.5 + draw / 2), False)
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        # The database went away (a restart, a failover): the first time, the next sweep
-        # retries as soon as it answers; a connection lost on every try backs off and counts,
-        # so a proxy that cuts long transactions cannot make the job download forever.
-        return Verdict("retry_wait", backoff(failures, draw) if failures else 0.0, True)
-    if isinstance(exc, CloudError):
-        wait = backoff(failures, draw)
-        if exc.retry_after is not None:
-            wait = max(wait, exc.retry_after)
-        return Verdict("retry_wait", wait, True)
-    return Verdict("retry_wait", backoff(failures, draw), True)
 
 
 def resolve_target(services: Services, job: CloudJob) -> Target:
@@ -479,7 +407,7 @@ def _heartbeat(services: Services, lease: Lease) -> datetime:
 
 def _settle_failure(services: Services, lease: Lease, exc: BaseException) -> SyncResult:
     now = services.clock()
-    throttled = _throttled_in_a_row(services, lease) if isinstance(exc, CloudError) else 0
+    throttled = throttled_in_a_row(services, lease) if isinstance(exc, CloudError) else 0
     verdict = classify(
         exc, failures=lease.failure_count, draw=services.random(), throttled=throttled
     )
@@ -488,7 +416,7 @@ def _settle_failure(services: Services, lease: Lease, exc: BaseException) -> Syn
         state = "dead"
     next_at = now + timedelta(seconds=verdict.wait or 0.0)
     error_class = type(exc).__name__
-    message = _message(exc)
+    message = failure_message(exc)
     status = exc.status if isinstance(exc, CloudError) else None
     with services.uow.begin() as session:
         settled = store.settle_task(
@@ -521,32 +449,6 @@ def _settle_failure(services: Services, lease: Lease, exc: BaseException) -> Syn
         next_attempt_at=next_at if state == "retry_wait" else None,
         error=f"{error_class}: {message}",
     )
-
-
-def _throttled_in_a_row(services: Services, lease: Lease) -> int:
-    """How many of the task's latest attempts, before this one, Cloud or the budget refused."""
-    with services.uow.begin() as session:
-        classes = session.execute(
-            select(Attempt.error_class)
-            .where(Attempt.task_key == lease.task_key, Attempt.attempt_id != lease.attempt_id)
-            .order_by(Attempt.started_at.desc())
-            .limit(32)
-        ).scalars()
-        count = 0
-        for error_class in classes:
-            if error_class not in THROTTLED:
-                break
-            count += 1
-        return count
-
-
-def _message(exc: BaseException) -> str:
-    """What an attempt stores about its failure: a database error's first line (never the
-    statement's parameters, which hold whole records), anything else bounded in length."""
-    if isinstance(exc, SQLAlchemyError):
-        text = str(getattr(exc, "orig", None) or exc).strip()
-        return (text.splitlines() or [type(exc).__name__])[0][:500]
-    return str(exc)[:2000]
 
 
 def _finish_attempt(services: Services, lease: Lease, **values: Any) -> None:

@@ -12,7 +12,7 @@ from flask import Flask
 from sqlalchemy import Engine, func, select, text
 
 from simulator import CloudState
-from sync import store, sweeper, tasks
+from sync import failures, store, sweeper, tasks
 from sync.bootstrap import Services
 from sync.identity import observation_key
 from sync.models import MaintenanceRun, Observation, Run
@@ -692,9 +692,9 @@ def test_a_429_without_retry_after_backs_off_longer_each_time_and_never_kills_th
         waits.append((result.next_attempt_at - now).total_seconds())
         now = result.next_attempt_at + timedelta(seconds=1)
     assert all(later > earlier for earlier, later in itertools.pairwise(waits[:6]))
-    assert waits[0] >= tasks.BACKOFF_BASE
-    assert max(waits) <= tasks.BACKOFF_CAP
-    assert waits[-1] >= tasks.BACKOFF_CAP / 2
+    assert waits[0] >= failures.BACKOFF_BASE
+    assert max(waits) <= failures.BACKOFF_CAP
+    assert waits[-1] >= failures.BACKOFF_CAP / 2
     task = task_of(services, key)
     assert (task.state, task.failure_count) == ("retry_wait", 0)
     assert len(refused) == 9 * worker_retry_policy().max_attempts
@@ -708,10 +708,10 @@ def test_a_lost_database_connection_is_retried_at_the_next_sweep_then_backed_off
     dropped = OperationalError(
         "SELECT 1", {}, Exception("server closed the connection"), connection_invalidated=True
     )
-    first = tasks.classify(dropped, failures=0, draw=0.5)
+    first = failures.classify(dropped, failures=0, draw=0.5)
     assert (first.state, first.wait, first.count_failure) == ("retry_wait", 0.0, True)
-    again = tasks.classify(dropped, failures=3, draw=0.5)
-    assert again.wait == tasks.backoff(3, 0.5) > 0
+    again = failures.classify(dropped, failures=3, draw=0.5)
+    assert again.wait == failures.backoff(3, 0.5) > 0
     assert again.count_failure
 
 
