@@ -32,7 +32,7 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from config.datasets import parse_datasets
 from config.settings import Settings
 from simulator import CloudState, serve
-from sync import bootstrap, db, export, launch, logs, outbox, reconcile, status, store
+from sync import bootstrap, db, destinations, export, launch, logs, reconcile, status, store
 from sync.models import Delivery, Observation, Run, SyncTask
 from sync.queue import Dispatcher, JobKinds, RQDispatcher
 
@@ -140,8 +140,8 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 event_id = self.headers.get("webhook-id", "")
                 stamp = self.headers.get("webhook-timestamp", "0")
-                expected = outbox.sign(
-                    outbox.signing_key(receiver.secret), event_id, int(stamp), body
+                expected = destinations.sign(
+                    destinations.signing_key(receiver.secret), event_id, int(stamp), body
                 )
                 document = json.loads(body or b"{}")
                 receiver.received.append(

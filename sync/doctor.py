@@ -359,7 +359,7 @@ def _dataset_checks(dataset: Dataset, sitemaps: _SitemapIndex) -> Iterator[Check
 
 
 def _secret_checks(settings: Settings, dataset: Dataset) -> Iterator[Check]:
-    from sync.outbox import DeliveryConfigError, signing_key
+    from sync.destinations import DeliveryConfigError, signing_key
 
     for destination in dataset.destinations:
         if not destination.secret_env:

@@ -16,7 +16,7 @@ from flask import Flask
 
 from scrapesync.cli import main
 from simulator import CloudState
-from sync import outbox
+from sync import destinations
 from sync.bootstrap import Services
 from tests.acceptance.flow import finished_job, product_records, run_id_of, settle, verify_signature
 from tests.harness import notify
@@ -119,7 +119,7 @@ def test_a_whsec_secret_without_base64_padding_signs_like_its_padded_spelling() 
     padded = "whsec_" + base64.b64encode(key).decode()
     assert padded.endswith("=")
     unpadded = padded.rstrip("=")
-    assert outbox.signing_key(unpadded) == key
+    assert destinations.signing_key(unpadded) == key
     body = b'{"id":"evt_1"}'
-    headers = httpx.Headers(outbox.signed_headers(unpadded, "evt_1", 1_800_000_000, body))
+    headers = httpx.Headers(destinations.signed_headers(unpadded, "evt_1", 1_800_000_000, body))
     assert verify_signature(padded, headers, body)

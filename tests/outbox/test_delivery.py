@@ -17,7 +17,7 @@ from sqlalchemy import select, update
 
 from config.settings import Settings
 from simulator import CloudState
-from sync import jobs, logs, outbox
+from sync import destinations, jobs, logs, outbox
 from sync.bootstrap import Services
 from sync.models import Attempt, Delivery, OutboxEvent
 from sync.queue import RQDispatcher
@@ -80,8 +80,8 @@ def later(services: Services, seconds: float) -> Services:
 
 def test_the_signature_reproduces_the_standard_webhooks_test_vector() -> None:
     """The published Standard Webhooks vector: a receiver's own library accepts what we send."""
-    key = outbox.signing_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
-    signature = outbox.sign(
+    key = destinations.signing_key("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    signature = destinations.sign(
         key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, b'{"test": 2432232314}'
     )
     assert signature == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
@@ -91,7 +91,7 @@ def test_the_signature_reproduces_the_standard_webhooks_test_vector() -> None:
 def test_signed_headers_verify_with_an_independent_implementation(secret: str) -> None:
     """Both secret spellings verify on the receiving side; a changed body or key does not."""
     body = b'{"id":"evt_1","type":"run.accepted"}'
-    headers = httpx.Headers(outbox.signed_headers(secret, "evt_1", 1_800_000_000, body))
+    headers = httpx.Headers(destinations.signed_headers(secret, "evt_1", 1_800_000_000, body))
     assert headers["webhook-id"] == "evt_1"
     assert headers["webhook-timestamp"] == "1800000000"
     assert verify_signature(secret, headers, body)
@@ -101,8 +101,8 @@ def test_signed_headers_verify_with_an_independent_implementation(secret: str) -
 
 def test_a_malformed_whsec_secret_is_refused_without_showing_it() -> None:
     """A whsec_ secret that is not base64 is a configuration error that does not echo it."""
-    with pytest.raises(outbox.DeliveryConfigError) as raised:
-        outbox.signing_key("whsec_not*base64!")
+    with pytest.raises(destinations.DeliveryConfigError) as raised:
+        destinations.signing_key("whsec_not*base64!")
     assert "not*base64" not in str(raised.value)
 
 
@@ -201,7 +201,7 @@ def test_a_429_waits_exactly_as_long_as_retry_after_says(
     outbox.relay(replace(services, clock=lambda: now, random=lambda: 0.99), event_id=events[0])
     row = deliveries(services)[0]
     assert (row.state, row.last_status) == ("failed", 429)
-    assert outbox.backoff(1, 0.99) > 2
+    assert destinations.backoff(1, 0.99) > 2
     assert row.next_attempt_at == now + timedelta(seconds=2)
 
 
@@ -229,14 +229,14 @@ def test_a_delivery_that_keeps_failing_ends_dead_after_its_budget(
 ) -> None:
     """After MAX_ATTEMPTS server errors the delivery gives up, saying how many it made."""
     _run_id, events = accept_quietly(services, cloud)
-    receiver.plan = [503] * outbox.MAX_ATTEMPTS
+    receiver.plan = [503] * destinations.MAX_ATTEMPTS
     clock = services
-    for _ in range(outbox.MAX_ATTEMPTS):
+    for _ in range(destinations.MAX_ATTEMPTS):
         outbox.relay(clock, event_id=events[0])
         clock = at_time(services, deliveries(services)[0].next_attempt_at + timedelta(seconds=1))
     row = deliveries(services)[0]
-    assert (row.state, row.attempts) == ("dead", outbox.MAX_ATTEMPTS)
-    assert f"gave up after {outbox.MAX_ATTEMPTS} attempts" in row.last_error
+    assert (row.state, row.attempts) == ("dead", destinations.MAX_ATTEMPTS)
+    assert f"gave up after {destinations.MAX_ATTEMPTS} attempts" in row.last_error
 
 
 def test_a_delivery_lost_between_sending_and_marking_is_sent_again_with_the_same_id(
@@ -399,7 +399,9 @@ def test_a_relay_that_lost_its_claim_writes_nothing(
     fast = outbox._claim(later(services, 10), first_id, lease_seconds=5)
     assert fast is not None
     assert fast.attempts == slow.attempts + 1
-    assert outbox._settle(services, fast, outbox.Outcome("delivered", status=204))
-    assert not outbox._settle(services, slow, outbox.Outcome("dead", status=400, error="late"))
+    assert outbox._settle(services, fast, destinations.Outcome("delivered", status=204))
+    assert not outbox._settle(
+        services, slow, destinations.Outcome("dead", status=400, error="late")
+    )
     row = deliveries(services)[0]
     assert (row.state, row.attempts, row.last_status) == ("delivered", 2, 204)
