@@ -63,13 +63,11 @@ def _services() -> Services:
 )
 def sync_command(job_id: int, force: bool) -> None:
     """Synchronise one Cloud scraping job now, in the foreground."""
-    from sync import store, tasks
+    from sync import intake, tasks
 
     services = _services()
     logs.configure()
-    with services.uow.begin() as session:
-        wish = store.want_sync(session, job_id, now=services.clock())
-        session.commit()
+    wish = intake.want_sync(services, job_id, queue=False).wish  # this command is the worker
     progress = Progress(enabled=_interactive())
     try:
         result = tasks.run_sync(_with_progress(services, progress), wish.task_key, force=force)

@@ -5,7 +5,7 @@ Cloud retries a notification only twice within ~15 s, so a restart loses some. A
 1. lists Cloud's scraping jobs (every page, within the shared API budget; on a 429 or a spent
    budget it waits the time Cloud asked for, up to ``max_wait``, and lists again);
 2. for each job of a configured dataset created within ``since``: links a launch whose create
-   was uncertain to the job that carries its custom_id; and wants a sync (``store.want_sync``)
+   was uncertain to the job that carries its custom_id; and wants a sync (``intake.want_sync``)
    for a finished job we never synced, one that changed since our last sync (status, page
    counters, stored records: Cloud's "Continue"), or one whose task still waits for it to end;
 3. re-drives stuck tasks (``sweeper.sweep``: expired leases, lost RQ jobs, due retries);
@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from sync import logs, outbox, runs, store, sweeper
+from sync import intake, logs, outbox, runs, store, sweeper
 from sync.bootstrap import Services
 from sync.cloud.errors import ApiBudgetExhaustedError, CloudError, CloudRateLimitedError
 from sync.cloud.jobs import CloudJob
@@ -338,20 +338,8 @@ def _check_one(
 def _want(services: Services, report: ReconcileReport) -> None:
     """Ask for the syncs the pass found missing, then queue them (repeats coalesce)."""
     for wish in report.wanted:
-        now = services.clock()
-        with services.uow.begin() as session:
-            state = store.want_sync(session, wish.job_id, now=now)
-            session.commit()
-        if state.state not in store.CLAIMABLE:
-            continue
-        # a failure is logged; the task row is durable and the sweeper below queues it
-        if services.dispatcher.sync(
-            state.task_key,
-            generation=state.requested_generation,
-            attempts=state.attempt_count,
-            at=state.next_attempt_at if state.next_attempt_at > now else None,
-            failure_event="reconcile.enqueue_failed",
-        ):
+        # a failure to queue is logged; the task row is durable and the sweeper below queues it
+        if intake.want_sync(services, wish.job_id, failure_event="reconcile.enqueue_failed").queued:
             report.enqueued += 1
 
 

@@ -1,11 +1,12 @@
 """Cloud's finished-job notifications: stored and acknowledged at once, synced later.
 
 Cloud does not sign notifications, so the token in the path is the credential (compared in
-constant time). In ONE transaction (on PostgreSQL one statement, one round trip) the raw
-notification goes to the inbox and the job's sync task is set wanted (a repeat that finds the
-sync already pending coalesces into it without touching the task row); after the commit the
-RQ job is queued; then the answer is 200. If Redis is down the answer is still 200 (the
-sweeper queues the durable task); if the database is down it is 503, so Cloud tries again.
+constant time). The use case ``sync.intake.accept_notification`` stores the raw notification
+and sets the job's sync task wanted in ONE transaction (on PostgreSQL one statement, one round
+trip; a repeat that finds the sync already pending coalesces into it without touching the task
+row) and queues the RQ job after the commit; only then is the answer 200. If Redis is down the
+answer is still 200 (the sweeper queues the durable task); if the database is down it is 503, so
+Cloud tries again.
 
 Cloud repeats a 5xx, so bad input never gets one: a body that is not a notification Cloud could
 have sent (a job id that is not ASCII digits, a NUL, a lone surrogate, a field longer than the
@@ -27,7 +28,7 @@ from flask import Blueprint, current_app, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from sync import logs, store
+from sync import intake, logs, store
 from webhooks import services_of
 
 bp = Blueprint("intake", __name__)
@@ -184,53 +185,14 @@ def notification(token: str) -> Any:
         return _rejected(parsed, now)
     kept = parsed.fields
     job_id = int(kept["scrapingjob_id"].strip())
-    coalesced = created = False
     try:
-        if services.uow.dialect == "postgresql":
-            # One statement on an autocommit connection: one round trip, one transaction.
-            with services.uow.engine.connect().execution_options(
-                isolation_level="AUTOCOMMIT"
-            ) as conn:
-                accepted = store.accept_notification(
-                    conn,
-                    form=kept,
-                    remote_addr=request.remote_addr,
-                    job_id=job_id,
-                    status=kept.get("status"),
-                    now=now,
-                )
-            wish, created, coalesced = accepted.wish, accepted.created, accepted.coalesced
-        else:
-            with services.uow.begin() as session:
-                wish = store.want_sync(session, job_id, now=now)
-                store.record_notification(
-                    session,
-                    form=kept,
-                    remote_addr=request.remote_addr,
-                    job_id=job_id,
-                    status=kept.get("status"),
-                    outcome=f"task {wish.state} (generation {wish.requested_generation})",
-                    now=now,
-                )
-                session.commit()
-        services.killpoints.reached("intake-after-commit")
+        accepted = intake.accept_notification(
+            services, form=kept, remote_addr=request.remote_addr, job_id=job_id, now=now
+        )
     except SQLAlchemyError:
         log.error("notification.database_unavailable", extra={"job_id": job_id}, exc_info=True)
         return jsonify(error="Service Unavailable", detail="database unavailable"), 503
-    queued = False
-    # A repeat that coalesced into a pending sync changed nothing: whoever made the task pending
-    # queued it (or the sweeper will), so Redis is not asked again.
-    if wish.state in store.CLAIMABLE and not coalesced:
-        # durable in SQL: a failure is logged and the sweeper queues it once Redis is back
-        queued = bool(
-            services.dispatcher.sync(
-                wish.task_key,
-                generation=wish.requested_generation,
-                attempts=wish.attempt_count,
-                at=wish.next_attempt_at if wish.next_attempt_at > now else None,
-                failure_event="notification.enqueue_failed",
-            )
-        )
+    wish = accepted.wish
     log.info(
         "notification.accepted",
         extra={
@@ -239,9 +201,9 @@ def notification(token: str) -> Any:
             "status": kept.get("status"),
             "state": wish.state,
             "generation": wish.requested_generation,
-            "queued": queued,
-            "new_task": created,
-            "coalesced": coalesced,
+            "queued": accepted.queued,
+            "new_task": accepted.created,
+            "coalesced": accepted.coalesced,
         },
     )
     return jsonify(ok=True, task_key=wish.task_key, state=wish.state), 200
