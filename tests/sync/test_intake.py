@@ -10,6 +10,7 @@ from flask import Flask
 from sqlalchemy import select, text
 
 from simulator import CloudState
+from sync import bootstrap
 from sync.bootstrap import Services
 from sync.models import Notification, SyncTask
 from sync.queue import RQDispatcher, sync_job_id
@@ -151,11 +152,10 @@ def test_redis_down_still_acknowledges_and_keeps_the_task_pending(
     services: Services,
 ) -> None:
     """With Redis unreachable the answer is still 200; the task waits in SQL for the sweeper."""
-    from redis import Redis
-
-    broken = dataclasses.replace(
-        services, dispatcher=RQDispatcher(Redis(host="127.0.0.1", port=1, socket_timeout=0.2))
-    )
+    # The dispatcher is wired as a deployed process wires it, from a REDIS_URL nothing answers.
+    unreachable = dataclasses.replace(services.settings, redis_url="redis://127.0.0.1:1/0")
+    dispatcher = bootstrap.build(unreachable, datasets=services.datasets).dispatcher
+    broken = dataclasses.replace(services, dispatcher=dispatcher)
     response = notify(create_app(broken), 1001)
     assert response.status_code == 200
     (task,) = _tasks(services)
