@@ -64,14 +64,17 @@ def engine(database_url: str) -> Iterator[Engine]:
 
 @pytest.fixture
 def uow(engine: Engine) -> db.UnitOfWork:
-    """A unit of work over empty tables."""
+    """A unit of work over empty tables, their id sequences started afresh. The tables are
+    emptied with DELETE, children first: on the few rows a test leaves that takes milliseconds,
+    where PostgreSQL's TRUNCATE of every table takes a quarter of a second per test."""
     tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
     with engine.begin() as conn:
+        for name in tables:
+            conn.execute(text(f"DELETE FROM {name}"))  # noqa: S608 - table names come from the models
         if engine.dialect.name == "postgresql":
-            conn.execute(text(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE"))
-        else:
-            for name in tables:
-                conn.execute(text(f"DELETE FROM {name}"))  # noqa: S608 - table names come from the models
+            conn.execute(
+                text("SELECT setval(oid::regclass, 1, false) FROM pg_class WHERE relkind = 'S'")
+            )
     return db.UnitOfWork(engine)
 
 
