@@ -9,7 +9,7 @@ import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -48,20 +48,6 @@ required = ["sku", "price"]
 [datasets.products.quality]
 parsers = { price = "number" }
 """
-
-
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self, start: datetime) -> None:
-        self.now = start
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward."""
-        self.now += timedelta(seconds=seconds)
 
 
 @pytest.fixture

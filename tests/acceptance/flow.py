@@ -1,14 +1,11 @@
-"""The acceptance and delivery tests' shared vocabulary: the test dataset, a receiver that
-checks signatures on its own, and helpers that drive a job through sync, verdict and export."""
+"""The acceptance and delivery tests' shared vocabulary: the test dataset, its signed HTTP
+destination, and helpers that drive a job through sync, verdict and export."""
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
 import json
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +22,7 @@ from sync.acceptance.facts import Judgement
 from sync.bootstrap import Services
 from sync.models import OutboxEvent, PartitionVerdict, Run
 from sync.queue import RecordingDispatcher, RQDispatcher
+from tests.fakes import Receiver
 from tests.harness import drain, notify, products_sitemap
 
 SECRET_ENV = "PRODUCTS_HOOK_SECRET"
@@ -59,74 +57,6 @@ def with_policy(policy: str, *, quality: str = "") -> str:
     text = DATASETS_TOML.replace('policy = "reject"', f'policy = "{policy}"')
     parsers = 'parsers = { price = "number" }'
     return text.replace(parsers, f"{parsers}\n{quality}")
-
-
-def verify_signature(secret: str, headers: httpx.Headers, body: bytes) -> bool:
-    """Standard Webhooks verification, written apart from the sender's code: the key is the
-    base64 after ``whsec_`` (raw text otherwise), the signed content ``id.timestamp.body``, and
-    the header a space-separated list of ``v1,<base64>`` signatures."""
-    key = base64.b64decode(secret.split("_", 1)[1]) if secret.startswith("whsec_") else secret
-    key_bytes = key if isinstance(key, bytes) else key.encode()
-    content = b".".join(
-        [headers["webhook-id"].encode(), headers["webhook-timestamp"].encode(), body]
-    )
-    expected = base64.b64encode(hmac.new(key_bytes, content, hashlib.sha256).digest()).decode()
-    for candidate in headers["webhook-signature"].split(" "):
-        version, _, signature = candidate.partition(",")
-        if version == "v1" and hmac.compare_digest(signature, expected):
-            return True
-    return False
-
-
-@dataclass
-class Delivered:
-    """One request the receiver got."""
-
-    event_id: str
-    event_type: str
-    timestamp: str
-    body: dict[str, Any]
-    signed: bool
-
-
-@dataclass
-class Receiver:
-    """A destination that checks signatures on its own and deduplicates on webhook-id; it
-    answers from ``plan`` (status codes or exceptions to raise), then 200."""
-
-    secret: str
-    requests: list[Delivered] = field(default_factory=list)
-    plan: list[int | Exception | Callable[[], httpx.Response]] = field(default_factory=list)
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        body = request.read()
-        document = json.loads(body)
-        self.requests.append(
-            Delivered(
-                event_id=request.headers["webhook-id"],
-                event_type=document["type"],
-                timestamp=request.headers["webhook-timestamp"],
-                body=document,
-                signed=verify_signature(self.secret, request.headers, body),
-            )
-        )
-        if self.plan:
-            step = self.plan.pop(0)
-            if isinstance(step, Exception):
-                raise step
-            if callable(step):
-                return step()
-            return httpx.Response(step, text="no thanks")
-        return httpx.Response(204)
-
-    @property
-    def events(self) -> dict[str, str]:
-        """What the receiver acted on: event id -> type, each id once."""
-        return {r.event_id: r.event_type for r in self.requests}
-
-    def of_type(self, event_type: str) -> list[Delivered]:
-        """The requests of one event type."""
-        return [r for r in self.requests if r.event_type == event_type]
 
 
 def settle(services: Services) -> int:
@@ -249,7 +179,7 @@ def exported(
 
 def wire_receiver(services: Services) -> Receiver:
     """Make a signature-checking receiver the test dataset's HTTP destination."""
-    found = Receiver(SECRET)
+    found = Receiver(secret=SECRET)
     services.extras["delivery_transport"] = httpx.MockTransport(found)
     services.settings = replace(services.settings, environment={SECRET_ENV: SECRET})
     return found

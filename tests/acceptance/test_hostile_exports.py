@@ -18,7 +18,8 @@ from scrapesync.cli import main
 from simulator import CloudState
 from sync import destinations
 from sync.bootstrap import Services
-from tests.acceptance.flow import finished_job, product_records, run_id_of, settle, verify_signature
+from tests.acceptance.flow import finished_job, product_records, run_id_of, settle
+from tests.fakes import verify_signature
 from tests.harness import notify
 
 pytestmark = pytest.mark.redis

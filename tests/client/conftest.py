@@ -14,29 +14,13 @@ import pytest
 
 from sync.cloud.client import CloudClient
 from sync.cloud.policy import RetryPolicy
+from tests.fakes import FakeClock
 
 TOKEN = "tok-SECRET-4f7a9b2c"
 BASE_URL = "https://api.webscraper.io/api/v1/"
 REDIS_URL = os.environ.get("SCRAPESYNC_TEST_CLIENT_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 Handler = Callable[[httpx.Request], httpx.Response]
-
-
-@dataclass
-class FakeClock:
-    """A clock that only moves when the code under test sleeps; every sleep is recorded."""
-
-    now: float = 1_700_000_000.0
-    sleeps: list[float] = field(default_factory=list)
-
-    def __call__(self) -> float:
-        """Return the current fake time."""
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        """Record the wait and move time forward instead of sleeping."""
-        self.sleeps.append(seconds)
-        self.now += seconds
 
 
 class ChunkStream(httpx.SyncByteStream):

@@ -24,14 +24,14 @@ from tests.acceptance.flow import (
     published,
     run_id_of,
 )
+from tests.fakes import Receiver
 from tests.harness import deployment_env, notify, run_worker
-from tests.outbox.conftest import Loopback
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.postgres]
 
 
 @pytest.fixture
-def env(tmp_path: Path, database_url: str, sim: SimServer, loopback: Loopback) -> dict[str, str]:
+def env(tmp_path: Path, database_url: str, sim: SimServer, loopback: Receiver) -> dict[str, str]:
     """The environment of a worker of this deployment, announcing to the loopback receiver."""
     return deployment_env(
         tmp_path,
@@ -47,7 +47,7 @@ def test_a_worker_killed_after_acceptance_delivers_each_event_once_after_restart
     services: Services,
     cloud: CloudState,
     env: dict[str, str],
-    loopback: Loopback,
+    loopback: Receiver,
 ) -> None:
     """SIGKILL right after the run is accepted and published: the events are durable and
     unsent; the maintenance sweep re-drives them and a new worker delivers each id once."""
@@ -59,12 +59,12 @@ def test_a_worker_killed_after_acceptance_delivers_each_event_once_after_restart
     with services.uow.begin() as session:
         events = {e.event_id: e.state for e in session.execute(select(OutboxEvent)).scalars()}
     assert sorted(events.values()) == ["unsent", "unsent"]
-    assert loopback.received == []
+    assert loopback.requests == []
     assert jobs.maintain()["deliveries_due"] == 2
     recovered = run_worker(env)
     assert recovered.returncode == 0, recovered.stderr[-2000:]
-    assert sorted(r["id"] for r in loopback.received) == sorted(events)
-    assert all(r["signed"] for r in loopback.received)
+    assert sorted(r.event_id for r in loopback.requests) == sorted(events)
+    assert all(r.signed for r in loopback.requests)
     with services.uow.begin() as session:
         states = {e.state for e in session.execute(select(OutboxEvent)).scalars()}
     assert states == {"delivered"}

@@ -33,10 +33,9 @@ from tests.acceptance.flow import (
     run_id_of,
     settle,
     use_datasets,
-    verify_signature,
 )
+from tests.fakes import verify_signature
 from tests.harness import at_time, notify
-from tests.outbox.conftest import Loopback
 
 pytestmark = pytest.mark.redis
 
@@ -140,7 +139,7 @@ def test_an_accepted_run_is_delivered_once_with_its_event_id(
 
 
 def test_a_destination_that_times_out_after_receiving_gets_the_same_event_again(
-    services: Services, cloud: CloudState, loopback: Loopback
+    services: Services, cloud: CloudState, loopback: Receiver
 ) -> None:
     """The receiver got the request but answered too late: the send is uncertain, so it is
     repeated with the same event id and a fresh signature; the receiver dedups on the id."""
@@ -155,8 +154,8 @@ def test_a_destination_that_times_out_after_receiving_gets_the_same_event_again(
     assert "ReadTimeout (uncertain)" in row.last_error
     again = outbox.relay(later(services, 3600), event_id=events[0], transport=real, timeout=5)
     assert again.delivered == 1
-    assert [r["id"] for r in loopback.received] == [events[0], events[0]]
-    assert all(r["signed"] for r in loopback.received)
+    assert [r.event_id for r in loopback.requests] == [events[0], events[0]]
+    assert all(r.signed for r in loopback.requests)
     assert deliveries(services)[0].state == "delivered"
 
 

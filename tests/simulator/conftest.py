@@ -2,60 +2,18 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 import pytest
-from flask import Flask, request
 
 from simulator import CloudState, SimServer, create_app, serve
+from tests.fakes import FakeClock, Receiver
 
 TOKEN = "sim-token"
-START = 1_700_000_000.0
 # What Cloud requires in every POST scraping-job besides the sitemap id (the docs' values).
 JOB_SETTINGS = {"driver": "fast", "page_load_delay": 2000, "request_interval": 2000}
-
-
-@dataclass
-class FakeClock:
-    """A clock the test moves by hand."""
-
-    now: float = START
-
-    def __call__(self) -> float:
-        """Return the current fake time."""
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        """Move time forward."""
-        self.now += seconds
-
-
-@dataclass
-class Receiver:
-    """A notification endpoint that answers scripted statuses and records what arrived."""
-
-    statuses: list[int] = field(default_factory=list)
-    delay: float = 0.0
-    arrivals: list[tuple[float, dict[str, str]]] = field(default_factory=list)
-
-    def app(self) -> Flask:
-        """Build the receiving WSGI app."""
-        app = Flask("receiver")
-
-        @app.post("/hook/<token>")
-        def hook(token: str) -> tuple[str, int]:
-            """Record a notification and answer the next scripted status."""
-            self.arrivals.append((time.monotonic(), request.form.to_dict()))
-            if self.delay:
-                time.sleep(self.delay)
-            status = self.statuses.pop(0) if self.statuses else 200
-            return "ok", status
-
-        return app
 
 
 @pytest.fixture
@@ -66,8 +24,8 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def receiver() -> Receiver:
-    """A notification receiver that succeeds unless told otherwise."""
-    return Receiver()
+    """A notification receiver that answers 200 unless told otherwise."""
+    return Receiver(status=200)
 
 
 @pytest.fixture
@@ -79,7 +37,7 @@ def state(clock: FakeClock, receiver: Receiver) -> Iterator[CloudState]:
         notify_url="http://receiver/hook/secret",
         notify_delays=(0.05, 0.1),
         notify_timeout=2.0,
-        notify_transport=httpx.WSGITransport(app=receiver.app()),
+        notify_transport=httpx.MockTransport(receiver),
     )
     yield sim
     sim.close()

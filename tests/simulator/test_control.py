@@ -6,7 +6,8 @@ import httpx
 import pytest
 
 from simulator import CloudState, SimServer, serve
-from tests.simulator.conftest import TOKEN, Receiver
+from tests.fakes import Receiver
+from tests.simulator.conftest import TOKEN
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from simulator import CloudState
-from tests.simulator.conftest import FakeClock
+from tests.fakes import FakeClock
 
 NOT_FINISHED = {
     "success": False,

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import httpx
-from flask import Flask, request
-from werkzeug.serving import make_server
+from flask import Flask
 
 from simulator import CloudState
-from tests.simulator.conftest import Receiver
+from tests.fakes import Receiver
 
 
 def test_finishing_a_job_posts_cloud_form_fields(
@@ -48,7 +46,7 @@ def test_a_failing_receiver_is_retried_after_each_delay(
     state: CloudState, receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """Two failures are retried after delays[0] then delays[1]; the third attempt succeeds."""
-    receiver.statuses = [500, 302]
+    receiver.plan = [500, 302]
     state.run_job(make_job(), n=1)
     assert state.wait_for_notifications()
     times = [at for at, _ in receiver.arrivals]
@@ -63,7 +61,7 @@ def test_delivery_gives_up_after_three_attempts(
     state: CloudState, receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """A receiver that always fails sees exactly three attempts."""
-    receiver.statuses = [503] * 10
+    receiver.plan = [503] * 10
     state.run_job(make_job(), n=1)
     assert state.wait_for_notifications()
     assert len(receiver.arrivals) == 3
@@ -138,35 +136,22 @@ def test_no_notify_url_means_no_notification(
 
 def test_notifications_reach_a_receiver_over_a_real_socket() -> None:
     """Without a transport the notifier POSTs over the network, here to a loopback receiver."""
-    arrived: list[dict[str, str]] = []
-    hook = Flask("hook")
-
-    @hook.post("/hook")
-    def receive() -> str:
-        """Record a notification."""
-        arrived.append(request.form.to_dict())
-        return "ok"
-
-    receiver = make_server("127.0.0.1", 0, hook, threaded=True)
-    thread = threading.Thread(target=receiver.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
-    try:
-        url = f"http://127.0.0.1:{receiver.server_port}/hook"
-        with CloudState(notify_url=url, notify_delays=(0.01, 0.01)) as sim:
-            job_id = sim.create_job(sim.add_sitemap("s"))
-            sim.run_job(job_id, n=1)
-            assert sim.wait_for_notifications()
-    finally:
-        receiver.shutdown()
-        receiver.server_close()
-    assert [form["scrapingjob_id"] for form in arrived] == [str(job_id)]
+    receiver = Receiver(status=200)
+    with (
+        receiver.serve("/hook") as url,
+        CloudState(notify_url=url, notify_delays=(0.01, 0.01)) as sim,
+    ):
+        job_id = sim.create_job(sim.add_sitemap("s"))
+        sim.run_job(job_id, n=1)
+        assert sim.wait_for_notifications()
+    assert [form["scrapingjob_id"] for _, form in receiver.arrivals] == [str(job_id)]
 
 
 def test_wait_for_notifications_reports_a_timeout(
     state: CloudState, receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """wait_for_notifications returns False while deliveries are still retrying."""
-    receiver.statuses = [500, 500]
+    receiver.plan = [500, 500]
     state.notify_delays = (0.5, 0.5)
     state.run_job(make_job(), n=1)
     assert state.wait_for_notifications(timeout=0.05) is False

@@ -7,7 +7,7 @@ import email.utils
 import httpx
 
 from simulator import CloudState
-from tests.simulator.conftest import START, FakeClock
+from tests.fakes import START, FakeClock
 
 
 def test_every_api_response_carries_limit_and_remaining(
