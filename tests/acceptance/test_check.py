@@ -64,6 +64,7 @@ def row_of(output: str, rule: str, subject: str = "-") -> list[str]:
     raise AssertionError(f"no row for {rule} {subject} in:\n{output}")
 
 
+@pytest.mark.slow
 def test_a_looser_datasets_file_shows_the_rejected_run_would_be_accepted_and_changes_nothing(
     services: Services, redis_conn: Redis, rejected: tuple[str, list[str]], tmp_path: Path
 ) -> None:
@@ -90,6 +91,7 @@ def test_a_looser_datasets_file_shows_the_rejected_run_would_be_accepted_and_cha
     assert verdict(services, run_id).state == "rejected"
 
 
+@pytest.mark.slow
 def test_the_current_datasets_file_gives_the_stored_verdict_with_every_figure(
     services: Services, rejected: tuple[str, list[str]]
 ) -> None:
@@ -105,6 +107,7 @@ def test_the_current_datasets_file_gives_the_stored_verdict_with_every_figure(
     )
 
 
+@pytest.mark.slow
 def test_check_json_has_the_verdict_the_baseline_and_every_check(
     services: Services, rejected: tuple[str, list[str]], tmp_path: Path
 ) -> None:
@@ -141,6 +144,7 @@ def test_check_refuses_an_unknown_run_or_an_unreadable_datasets_file(
     assert "unknown keys ['max_record_drop']" in refused.output
 
 
+@pytest.mark.slow
 def test_a_run_before_its_history_is_judged_by_the_fixed_rules_and_says_so(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -158,6 +162,7 @@ def test_a_run_before_its_history_is_judged_by_the_fixed_rules_and_says_so(
 STATUS_TOKEN = "status-token-for-history"
 
 
+@pytest.mark.slow
 def test_status_shows_the_baseline_beside_each_figure_of_a_reason(
     services: Services, rejected: tuple[str, list[str]]
 ) -> None:
@@ -183,6 +188,7 @@ def test_status_shows_the_baseline_beside_each_figure_of_a_reason(
     assert '<span class="figures">got 280, baseline 400, allowed &gt;= 300</span>' in html
 
 
+@pytest.mark.slow
 def test_status_shows_a_partitions_baseline_beside_its_figures(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:

@@ -57,6 +57,7 @@ def test_each_accepted_run_leaves_its_profile_in_the_database(
         assert set(profile.fields) == {"sku", "title", "price", "url", "retailer"}
 
 
+@pytest.mark.slow
 def test_a_run_with_30_percent_fewer_records_is_rejected_for_record_drop(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -79,6 +80,7 @@ def test_a_run_with_30_percent_fewer_records_is_rejected_for_record_drop(
         assert session.get(RunProfile, run_id) is None
 
 
+@pytest.mark.slow
 def test_price_emptied_across_partitions_is_rejected_for_fill_rate_drop(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -102,6 +104,7 @@ def test_price_emptied_across_partitions_is_rejected_for_fill_rate_drop(
     assert {p["state"] for p in found.partitions} == {"passed"}
 
 
+@pytest.mark.slow
 def test_a_field_missing_from_the_export_is_rejected_for_field_missing(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -121,6 +124,7 @@ def test_a_field_missing_from_the_export_is_rejected_for_field_missing(
     )
 
 
+@pytest.mark.slow
 def test_one_retailer_at_a_tenth_is_quarantined_and_the_rest_published(
     web: Flask, services: Services, cloud: CloudState, tmp_path: Path
 ) -> None:
@@ -150,6 +154,7 @@ def test_one_retailer_at_a_tenth_is_quarantined_and_the_rest_published(
     assert small not in {r["retailer"] for r in exported_records}
 
 
+@pytest.mark.slow
 def test_rejected_runs_never_enter_the_baseline(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -164,6 +169,7 @@ def test_rejected_runs_never_enter_the_baseline(
     assert (found.state, found.reasons) == ("published", [])
 
 
+@pytest.mark.slow
 def test_the_first_runs_are_judged_by_the_absolute_rules_only(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:

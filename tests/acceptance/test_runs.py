@@ -94,6 +94,7 @@ def test_a_clean_job_is_accepted_published_and_announced(
     )
 
 
+@pytest.mark.slow
 def test_one_retailers_garbage_prices_quarantine_it_and_reject_the_run(
     web: Flask, services: Services, cloud: CloudState, receiver: Receiver, tmp_path: Path
 ) -> None:
@@ -128,6 +129,7 @@ def test_one_retailers_garbage_prices_quarantine_it_and_reject_the_run(
         export.export_dataset(services, "products", run_id=run_id_of(bad), out=tmp_path)
 
 
+@pytest.mark.slow
 def test_publish_passing_publishes_the_clean_retailers_and_never_the_garbage(
     web: Flask, services: Services, cloud: CloudState, receiver: Receiver, tmp_path: Path
 ) -> None:
@@ -209,6 +211,7 @@ def test_consent_pages_that_keep_their_keys_are_caught_by_their_markers(
     assert found.state == "rejected"
 
 
+@pytest.mark.slow
 def test_a_failed_job_is_rejected_and_a_big_drop_against_the_baseline_too(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -300,6 +303,7 @@ def test_changed_data_in_a_published_run_is_announced_as_a_new_revision(
     assert len(set(receiver.events)) == 4
 
 
+@pytest.mark.slow
 def test_a_published_run_that_turns_bad_is_withdrawn_to_the_previous_one(
     web: Flask, services: Services, cloud: CloudState, receiver: Receiver, tmp_path: Path
 ) -> None:
@@ -338,6 +342,7 @@ def test_a_repaired_older_run_never_takes_the_pointer_back(
     assert events_of(services)[-1] == (run_id_of(first), "run.accepted")
 
 
+@pytest.mark.slow
 def test_a_late_run_of_an_earlier_window_never_takes_the_pointer(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:

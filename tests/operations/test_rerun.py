@@ -90,6 +90,7 @@ def rejected_run(web: Flask, services: Services, cloud: CloudState) -> int:
     return outcome.job_id
 
 
+@pytest.mark.slow
 def test_a_rerun_of_the_quarantined_partition_promotes_the_run_and_leaves_the_rest_alone(
     web: Flask, services: Services, cloud: CloudState, rejected_run: int
 ) -> None:
@@ -174,6 +175,7 @@ def test_a_rerun_of_given_urls_launches_them_once(
         rerun.rerun(services, RUN_ID, urls=["gamma.example/p/8"])
 
 
+@pytest.mark.slow
 def test_an_uncertain_rerun_is_resumed_not_repeated(
     services: Services, cloud: CloudState, rejected_run: int
 ) -> None:
@@ -231,6 +233,7 @@ def test_a_rerun_needs_a_known_run_and_one_choice(services: Services, cloud: Clo
     assert cloud.requests == []
 
 
+@pytest.mark.slow
 def test_a_failed_pages_rerun_that_scrapes_them_cleanly_promotes_the_run(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -268,6 +271,7 @@ def test_a_failed_pages_rerun_that_scrapes_them_cleanly_promotes_the_run(
     assert "failed_pages" not in {r["code"] for r in run["reasons"]}
 
 
+@pytest.mark.slow
 def test_a_recovery_batch_never_rewrites_a_partition_that_passed(
     web: Flask, services: Services, cloud: CloudState, rejected_run: int
 ) -> None:

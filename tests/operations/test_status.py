@@ -73,6 +73,7 @@ def _by_id(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {run["run_id"]: run for run in values["runs"]}
 
 
+@pytest.mark.slow
 def test_status_json_has_runs_coverage_verdicts_tasks_outbox_reconcile_and_budget(
     services: Services, history: dict[str, str]
 ) -> None:
@@ -107,6 +108,7 @@ def test_status_json_has_runs_coverage_verdicts_tasks_outbox_reconcile_and_budge
     assert 0 < values["api_budget"]["remaining"] <= 1000
 
 
+@pytest.mark.slow
 def test_status_prints_a_table_a_person_reads(services: Services, history: dict[str, str]) -> None:
     """`scrapesync status`: one line per run, the reasons under it, then the queues."""
     result = CliRunner().invoke(main, ["status"])
@@ -130,6 +132,7 @@ def test_status_prints_a_table_a_person_reads(services: Services, history: dict[
     assert any(line.startswith("last reconcile: ") for line in lines)
 
 
+@pytest.mark.slow
 def test_the_status_pages_need_the_token(guarded: Services, history: dict[str, str]) -> None:
     """No token: 401 with a basic-auth challenge; the token as ?token=, Bearer or basic-auth
     password: 200; without a configured token the pages are off."""

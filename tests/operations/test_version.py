@@ -6,11 +6,14 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.harness import BIN
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_the_version_is_the_projects_and_needs_no_configuration(tmp_path: Path) -> None:
     """`scrapesync --version` prints the version of pyproject.toml, with no variable set."""
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

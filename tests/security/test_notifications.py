@@ -279,6 +279,7 @@ HOSTILE = settings(
 )
 
 
+@pytest.mark.slow
 @HOSTILE
 @given(case=cases())
 def test_generated_bodies_never_get_a_5xx_and_only_well_formed_ones_make_tasks(

@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from sqlalchemy import create_engine, inspect
 
 BIN = Path(sys.executable).parent
 
 
+@pytest.mark.slow
 def test_db_upgrade_creates_the_schema_in_the_configured_database(tmp_path: Path) -> None:
     """The Procfile's release command builds every table in DATABASE_URL, and is repeatable."""
     url = f"sqlite:///{tmp_path / 'release.db'}"
@@ -30,6 +32,7 @@ def test_db_upgrade_creates_the_schema_in_the_configured_database(tmp_path: Path
     assert {"sync_tasks", "observations", "outbox", "alembic_version"} <= tables
 
 
+@pytest.mark.slow
 def test_a_bad_database_url_is_one_clear_line(tmp_path: Path) -> None:
     """An unreachable database fails the release with an error, not a hang."""
     env = {

@@ -177,6 +177,7 @@ def test_a_notification_during_a_lease_asks_for_one_more_sync(
     assert (task.state, task.synced_generation) == ("committed", 2)
 
 
+@pytest.mark.slow
 def test_a_job_still_running_waits_and_its_notification_wakes_it(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -537,6 +538,7 @@ def _downloads(cloud: CloudState, job_id: int) -> int:
     return cloud.requests.count(("GET", f"/api/v1/scraping-job/{job_id}/json"))
 
 
+@pytest.mark.slow
 def test_a_hundred_duplicate_notifications_for_a_finished_job_download_it_once(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -569,6 +571,7 @@ def test_a_hundred_duplicate_notifications_for_a_finished_job_download_it_once(
     assert observation_count(services) == 40
 
 
+@pytest.mark.slow
 def test_a_notification_racing_a_reconcile_that_claimed_the_job_downloads_it_once(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
@@ -614,6 +617,7 @@ def test_continue_changes_what_cloud_reports_so_the_job_is_downloaded_again(
     assert observation_count(services) == 11
 
 
+@pytest.mark.slow
 def test_a_shutdown_in_the_middle_of_a_download_hands_the_task_back_at_once(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
