@@ -120,12 +120,11 @@ def _foreground(services: Services) -> Services:
 
     if not isinstance(services.dispatcher, RecordingDispatcher):
         return services
-    foreground = replace(services)
 
     def run_now(task_key: str) -> None:
         tasks.run_sync(foreground, task_key)
 
-    foreground.dispatcher = RecordingDispatcher(on_sync=run_now)
+    foreground = replace(services, dispatcher=RecordingDispatcher(on_sync=run_now))
     return foreground
 
 

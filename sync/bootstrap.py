@@ -71,9 +71,10 @@ class KillPoints:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Services:
-    """Everything a use case needs, wired once per process."""
+    """Everything a use case needs, wired once per process (``dataclasses.replace`` makes a
+    variant: a stopped clock, a foreground dispatcher, another datasets file)."""
 
     settings: Settings
     uow: UnitOfWork
@@ -86,7 +87,7 @@ class Services:
     random: Callable[[], float] = random.random
     worker_name: str = field(default_factory=lambda: f"{socket.gethostname()}.{os.getpid()}")
     killpoints: KillPoints = field(default_factory=KillPoints)
-    extras: dict[str, Any] = field(default_factory=dict)
+    delivery_transport: httpx.BaseTransport | None = None  # the outbox relay's HTTP transport
 
 
 def worker_retry_policy() -> RetryPolicy:
@@ -97,6 +98,7 @@ def worker_retry_policy() -> RetryPolicy:
 def build(
     settings: Settings,
     *,
+    uow: UnitOfWork | None = None,
     datasets: Datasets | None = None,
     redis: Redis | None = None,
     dispatcher: Dispatcher | None = None,
@@ -108,7 +110,8 @@ def build(
 ) -> Services:
     """Wire services from settings for a process of ``role`` (``web``, ``worker``,
     ``maintenance`` or ``cli``: it sizes the database pool); any part may be handed in."""
-    uow = UnitOfWork(make_engine(settings.database_url, role=role, **(engine_kwargs or {})))
+    if uow is None:
+        uow = UnitOfWork(make_engine(settings.database_url, role=role, **(engine_kwargs or {})))
     if redis is None and settings.redis_url:
         redis = Redis.from_url(settings.redis_url)
     if dispatcher is None:

@@ -127,7 +127,7 @@ def relay(
     limit: int = 100,
 ) -> RelayReport:
     """Deliver every due delivery (of one event, if given) once; returns what happened."""
-    transport = transport or services.extras.get("delivery_transport")
+    transport = transport or services.delivery_transport
     now = services.clock()
     with services.uow.begin() as session:
         query = select(Delivery.id).where(_due(now)).order_by(Delivery.id).limit(limit)

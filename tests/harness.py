@@ -115,8 +115,8 @@ def wire(
         transport=httpx.WSGITransport(app=create_simulator(cloud)),
         budget=MemoryApiBudget(limit=1000, window=900.0),
         sleep=sleeps.append,
+        uow=uow,
     )
-    built.uow = uow
     bootstrap.use(built)
     return built
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from config.datasets import Datasets, parse_datasets
-from tests.acceptance.flow import DATASETS_TOML, Receiver, wire_receiver
+from sync.bootstrap import Services
+from tests.acceptance.flow import DATASETS_TOML, SECRET, wire_receiver
+from tests.fakes import Receiver
 
 
 @pytest.fixture
@@ -16,10 +18,14 @@ def datasets() -> Datasets:
     return parse_datasets(DATASETS_TOML, source="tests")
 
 
-@pytest.fixture(autouse=True)
-def receiver(request: pytest.FixtureRequest) -> Receiver | None:
-    """The HTTP destination of the test dataset, wired as the relay's transport, for every test
-    that has services (the pure rule tests stay free of databases)."""
-    if "services" not in request.fixturenames:
-        return None
-    return wire_receiver(request.getfixturevalue("services"))
+@pytest.fixture
+def receiver() -> Receiver:
+    """The HTTP destination of the test dataset (signature-checking)."""
+    return Receiver(secret=SECRET)
+
+
+@pytest.fixture
+def services(services: Services, receiver: Receiver) -> Services:
+    """The sync fixtures' services with the receiver wired as the relay's transport (the pure
+    rule tests ask for neither and stay free of databases)."""
+    return wire_receiver(services, receiver)

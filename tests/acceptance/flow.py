@@ -17,7 +17,7 @@ from sqlalchemy import select
 from config.datasets import parse_datasets
 from simulator import CloudState
 from simulator.records import generate_records
-from sync import export, publication, runs, store, tasks
+from sync import bootstrap, export, publication, runs, store, tasks
 from sync.acceptance.facts import Judgement
 from sync.bootstrap import Services
 from sync.models import OutboxEvent, PartitionVerdict, Run
@@ -47,9 +47,11 @@ secret_env = "{SECRET_ENV}"
 """
 
 
-def use_datasets(services: Services, text: str) -> None:
-    """Switch the deployment to another datasets file (the worker jobs see it too)."""
-    services.datasets = parse_datasets(text, source="tests")
+def use_datasets(services: Services, text: str) -> Services:
+    """The deployment switched to another datasets file (the worker jobs see it too)."""
+    switched = replace(services, datasets=parse_datasets(text, source="tests"))
+    bootstrap.use(switched)
+    return switched
 
 
 def with_policy(policy: str, *, quality: str = "") -> str:
@@ -177,12 +179,16 @@ def exported(
     return [json.loads(line) for line in lines], json.loads(result.manifest_path.read_text())
 
 
-def wire_receiver(services: Services) -> Receiver:
-    """Make a signature-checking receiver the test dataset's HTTP destination."""
-    found = Receiver(secret=SECRET)
-    services.extras["delivery_transport"] = httpx.MockTransport(found)
-    services.settings = replace(services.settings, environment={SECRET_ENV: SECRET})
-    return found
+def wire_receiver(services: Services, found: Receiver) -> Services:
+    """The services with a signature-checking receiver as the test dataset's HTTP destination
+    (the worker jobs see it too)."""
+    wired = replace(
+        services,
+        delivery_transport=httpx.MockTransport(found),
+        settings=replace(services.settings, environment={SECRET_ENV: SECRET}),
+    )
+    bootstrap.use(wired)
+    return wired
 
 
 def accept_quietly(services: Services, cloud: CloudState, n: int = 40) -> tuple[str, list[str]]:

@@ -48,7 +48,7 @@ def snapshot(services: Services) -> dict[str, list[tuple[Any, ...]]]:
 def rejected(web: Flask, services: Services, cloud: CloudState) -> tuple[str, list[str]]:
     """Three accepted runs of 400 records, then a run of 280 rejected for record_drop; the
     rejected run's id and the accepted ones'."""
-    use_datasets(services, history_datasets())
+    services = use_datasets(services, history_datasets())
     accepted = three_accepted_runs(web, services, cloud)
     run_id = collect(web, services, cloud, product_records(280, start=5000))
     assert [r["code"] for r in verdict(services, run_id).reasons] == ["record_drop"]
@@ -149,7 +149,7 @@ def test_a_run_before_its_history_is_judged_by_the_fixed_rules_and_says_so(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
     """The first run of a dataset: no baseline yet, and check says how many runs it waits for."""
-    use_datasets(services, history_datasets())
+    services = use_datasets(services, history_datasets())
     run_id = collect(web, services, cloud, product_records(400))
     result = CliRunner().invoke(main, ["check", run_id])
     assert result.exit_code == 0, result.output
@@ -193,7 +193,7 @@ def test_status_shows_a_partitions_baseline_beside_its_figures(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
     """A retailer quarantined for partition_drop: its reason in status carries its baseline."""
-    use_datasets(services, history_datasets(policy="publish_passing"))
+    services = use_datasets(services, history_datasets(policy="publish_passing"))
     three_accepted_runs(web, services, cloud)
     records = product_records(300, start=5000, retailers=RETAILERS[1:])
     records += product_records(10, start=6000, retailers=RETAILERS[:1])

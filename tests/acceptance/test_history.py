@@ -9,6 +9,7 @@ import pytest
 from flask import Flask
 from sqlalchemy import select
 
+from config.datasets import Datasets, parse_datasets
 from simulator import CloudState
 from sync.bootstrap import Services
 from sync.models import RunProfile
@@ -28,10 +29,10 @@ from tests.acceptance.flow import (
 pytestmark = pytest.mark.redis
 
 
-@pytest.fixture(autouse=True)
-def history_dataset(services: Services) -> None:
+@pytest.fixture
+def datasets() -> Datasets:
     """Every test here runs on the history dataset."""
-    use_datasets(services, history_datasets())
+    return parse_datasets(history_datasets(), source="tests")
 
 
 def test_each_accepted_run_leaves_its_profile_in_the_database(
@@ -130,7 +131,7 @@ def test_one_retailer_at_a_tenth_is_quarantined_and_the_rest_published(
 ) -> None:
     """publish_passing: one retailer returns 10 records instead of 100; it is quarantined for
     partition_drop and the other three are published and exported."""
-    use_datasets(services, history_datasets(policy="publish_passing"))
+    services = use_datasets(services, history_datasets(policy="publish_passing"))
     three_accepted_runs(web, services, cloud)
     small, *others = RETAILERS
     records = product_records(300, start=5000, retailers=tuple(others))
@@ -160,7 +161,7 @@ def test_rejected_runs_never_enter_the_baseline(
 ) -> None:
     """Two big rejected runs after three accepted ones of 400 records: with a baseline of the
     last three runs, the next run of 400 is still judged against the accepted 400s."""
-    use_datasets(services, history_datasets(quality="baseline_runs = 3"))
+    services = use_datasets(services, history_datasets(quality="baseline_runs = 3"))
     three_accepted_runs(web, services, cloud)
     for i in range(2):
         big = product_records(2000, start=10_000 + 2000 * i, garbage=RETAILERS[1])

@@ -28,7 +28,7 @@ def test_a_job_over_three_start_urls_is_judged_per_host(
     text = DATASETS_TOML.replace('partition = "retailer"\n', "").replace(
         'policy = "reject"', 'policy = "publish_passing"'
     )
-    use_datasets(services, text)
+    services = use_datasets(services, text)
     records = product_records(60, retailers=("alpha.example", "beta.example", "gamma.example"))
     for record in records:
         if record["retailer"] == "gamma.example":

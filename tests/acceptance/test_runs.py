@@ -135,7 +135,7 @@ def test_publish_passing_publishes_the_clean_retailers_and_never_the_garbage(
 ) -> None:
     """Under publish_passing the passing partitions are published; the quarantined one never
     reaches the export or the announcement."""
-    use_datasets(services, with_policy("publish_passing"))
+    services = use_datasets(services, with_policy("publish_passing"))
     sync(web, services, finished_job(cloud, product_records(4000)))
     bad = finished_job(cloud, product_records(4000, start=4000, garbage="beta.example"))
     sync(web, services, bad)
@@ -178,7 +178,9 @@ def test_a_consent_page_served_with_200_everywhere_is_rejected(
     """Every page a consent wall: no record has its key, so the run holds nothing; it is
     rejected even when Cloud's own check is switched off."""
     if not use_cloud_quality:
-        use_datasets(services, with_policy("reject", quality="use_cloud_quality = false"))
+        services = use_datasets(
+            services, with_policy("reject", quality="use_cloud_quality = false")
+        )
     job_id = cloud.create_job(products_sitemap(cloud))
     cloud.set_records(job_id, product_records(50))
     cloud.set_page_fault(job_id, "consent")
@@ -348,7 +350,7 @@ def test_a_late_run_of_an_earlier_window_never_takes_the_pointer(
 ) -> None:
     """Yesterday's job synced after today's was published: yesterday's run is accepted and
     announced, but the published dataset stays today's collection."""
-    use_datasets(services, DATASETS_TOML.replace('window = "job"', 'window = "daily"'))
+    services = use_datasets(services, DATASETS_TOML.replace('window = "job"', 'window = "daily"'))
     today, yesterday = "products-2026-12-02", "products-2026-12-01"
     for run_id in (today, yesterday):
         with services.uow.begin() as session:

@@ -19,12 +19,13 @@ from sync.bootstrap import Services
 from sync.cloud.budget import MemoryApiBudget
 from tests.acceptance.flow import (
     DATASETS_TOML,
-    Receiver,
+    SECRET,
     accept_quietly,
     finished_job,
     settle,
     wire_receiver,
 )
+from tests.fakes import Receiver
 from tests.harness import at_time, notify
 from webhooks import create_app
 
@@ -49,9 +50,15 @@ def datasets() -> Datasets:
 
 
 @pytest.fixture
-def receiver(services: Services) -> Receiver:
-    """The dataset's HTTP destination, wired as the relay's transport."""
-    return wire_receiver(services)
+def receiver() -> Receiver:
+    """The dataset's HTTP destination (signature-checking)."""
+    return Receiver(secret=SECRET)
+
+
+@pytest.fixture
+def services(services: Services, receiver: Receiver) -> Services:
+    """The sync fixtures' services with the receiver wired as the relay's transport."""
+    return wire_receiver(services, receiver)
 
 
 def scraped(app: Flask) -> Samples:

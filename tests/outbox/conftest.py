@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.acceptance.conftest import datasets, receiver  # noqa: F401 - shared fixtures
+from tests.acceptance.conftest import datasets, receiver, services  # noqa: F401 - shared fixtures
 from tests.acceptance.flow import SECRET
 from tests.fakes import Receiver
 

@@ -143,7 +143,7 @@ def test_a_destination_that_times_out_after_receiving_gets_the_same_event_again(
 ) -> None:
     """The receiver got the request but answered too late: the send is uncertain, so it is
     repeated with the same event id and a fresh signature; the receiver dedups on the id."""
-    use_datasets(services, DATASETS_TOML.replace(HOOK_URL, loopback.url))
+    services = use_datasets(services, DATASETS_TOML.replace(HOOK_URL, loopback.url))
     _run_id, events = accept_quietly(services, cloud)
     loopback.stall = {1}
     real = httpx.HTTPTransport()
@@ -294,7 +294,7 @@ def test_a_missing_secret_is_a_visible_retryable_failure_naming_the_variable(
 ) -> None:
     """No secret in the environment: nothing is sent unsigned; the error names the variable."""
     _run_id, events = accept_quietly(services, cloud)
-    services.settings = replace(services.settings, environment={})
+    services = replace(services, settings=replace(services.settings, environment={}))
     outbox.relay(services, event_id=events[0])
     row = deliveries(services)[0]
     assert row.state == "failed"
@@ -345,7 +345,7 @@ def test_a_file_destination_gets_the_export_its_manifest_and_the_events(
     """A folder destination receives the published run's versioned export with its manifest,
     and each event as a file; a re-delivery rewrites the same bytes."""
     folder = tmp_path / "drop"
-    use_datasets(
+    services = use_datasets(
         services,
         DATASETS_TOML.replace(
             f'url = "{HOOK_URL}"\nsecret_env = "{SECRET_ENV}"', f'path = "{folder}"'

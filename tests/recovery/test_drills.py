@@ -230,12 +230,10 @@ def _private_services(
     """The test's services pointed at a drill's private database or Redis."""
     from redis import Redis
 
-    changed = dataclasses.replace(services)
-    if uow is not None:
-        changed.uow = uow
+    changed = services if uow is None else dataclasses.replace(services, uow=uow)
     if redis_url is not None:
         redis = Redis.from_url(redis_url)
-        changed.redis, changed.dispatcher = redis, RQDispatcher(redis)
+        changed = dataclasses.replace(changed, redis=redis, dispatcher=RQDispatcher(redis))
     return changed
 
 

@@ -36,9 +36,11 @@ def redis_down(
     """The deployment's services with REDIS_URL pointing at a port where nothing listens."""
     settings = replace(services.settings, redis_url=f"redis://127.0.0.1:{_closed_port()}/0")
     built = bootstrap.build(
-        settings, datasets=datasets, transport=httpx.WSGITransport(app=create_simulator(cloud))
+        settings,
+        uow=uow,
+        datasets=datasets,
+        transport=httpx.WSGITransport(app=create_simulator(cloud)),
     )
-    built.uow = uow
     bootstrap.use(built)
     yield built
     bootstrap.use(services)

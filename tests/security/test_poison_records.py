@@ -203,11 +203,11 @@ def test_the_configured_limits_set_aside_long_lines_and_large_records(
     settings = replace(services.settings, max_record_line_bytes=4000, max_record_bytes=1500)
     limited = bootstrap.build(
         settings,
+        uow=services.uow,
         datasets=services.datasets,
         redis=services.redis,
         transport=httpx.WSGITransport(app=create_simulator(cloud)),
     )
-    limited.uow = services.uow
     bootstrap.use(limited)
     try:
         records = _records(10)
@@ -274,9 +274,12 @@ def bombed(services: Services, cloud: CloudState) -> Iterator[tuple[Services, in
     job_id = _finished(cloud, records)
     transport = BombingCloud(cloud, job_id, _bomb_export(records, bomb_at=7, bomb_bytes=64 << 20))
     built = bootstrap.build(
-        services.settings, datasets=services.datasets, redis=services.redis, transport=transport
+        services.settings,
+        uow=services.uow,
+        datasets=services.datasets,
+        redis=services.redis,
+        transport=transport,
     )
-    built.uow = services.uow
     bootstrap.use(built)
     yield built, job_id, transport
     bootstrap.use(services)
