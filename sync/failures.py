@@ -66,11 +66,17 @@ def backoff(failures: int, draw: float) -> float:
     return jittered(failures, draw, base=BACKOFF_BASE, cap=BACKOFF_CAP)
 
 
+def poll_wait(failures: int) -> float:
+    """The wait before asking again about a job Cloud is still scraping, after ``failures``
+    failures in a row: the capped backoff without jitter (a draw of 1)."""
+    return jittered(failures, 1.0, base=POLL_BASE, cap=POLL_CAP)
+
+
 def classify(exc: BaseException, *, failures: int, draw: float, throttled: int = 0) -> Verdict:
     """The one place that decides what a failure of the sync task means (``throttled``: how
     many attempts in a row before this one Cloud or the budget refused)."""
     if isinstance(exc, JobNotFinishedError):
-        return Verdict("retry_wait", min(POLL_CAP, POLL_BASE * 2.0 ** min(failures, 10)), False)
+        return Verdict("retry_wait", poll_wait(failures), False)
     if isinstance(exc, PERMANENT):  # retrying cannot fix these: quarantined at once
         return Verdict("quarantined", None, False)
     if isinstance(exc, CloudNotFoundError):

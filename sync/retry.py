@@ -13,8 +13,9 @@ from datetime import UTC
 
 
 def backoff(attempt: int, draw: float, *, base: float, cap: float) -> float:
-    """Capped full jitter, ``draw * min(cap, base * 2**attempt)`` for a draw in [0, 1): it
-    grows with ``attempt`` and never passes ``cap``."""
+    """Capped full jitter, ``draw * min(cap, base * 2**attempt)`` for a draw in [0, 1] (a draw
+    of 1 is the capped exponential without jitter): it grows with ``attempt`` and never passes
+    ``cap``."""
     return draw * min(cap, base * 2.0 ** min(attempt, 64))
 
 

@@ -719,6 +719,21 @@ def test_a_lost_database_connection_is_retried_at_the_next_sweep_then_backed_off
     assert again.count_failure
 
 
+def test_a_job_still_scraping_is_polled_on_the_capped_exponential_without_counting() -> None:
+    """A job Cloud has not finished is asked about again after min(900, 60 * 2**failures)
+    seconds, the same with every draw, and the wait never counts as a failure."""
+    still = failures.JobNotFinishedError("running", run_id="products-1")
+    for n in range(-1, 80):
+        verdict = failures.classify(still, failures=n, draw=0.3)
+        expected = min(failures.POLL_CAP, failures.POLL_BASE * 2.0 ** min(n, 10))
+        assert (verdict.state, verdict.wait, verdict.count_failure) == (
+            "retry_wait",
+            expected,
+            False,
+        )
+    assert [failures.poll_wait(n) for n in range(6)] == [60.0, 120.0, 240.0, 480.0, 900.0, 900.0]
+
+
 @pytest.mark.postgres
 def test_a_sync_that_races_another_writer_for_new_keys_still_writes_each_once(
     web: Flask, services: Services, cloud: CloudState
