@@ -26,6 +26,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from sync import secrecy
+from sync.states import (
+    AttemptOutcome,
+    DeliveryState,
+    LaunchState,
+    OutboxState,
+    RunState,
+    TaskState,
+    ValidationState,
+)
 
 NAMING = {
     "ix": "ix_%(column_0_label)s",
@@ -102,7 +111,7 @@ class Run(Base):
     sitemap_id: Mapped[int | None] = mapped_column(BigInteger)
     sitemap_name: Mapped[str | None] = mapped_column(String(200))
     config_version: Mapped[str | None] = mapped_column(String(64))
-    state: Mapped[str] = mapped_column(String(20), default="collecting")
+    state: Mapped[str] = mapped_column(String(20), default=RunState.COLLECTING)
     reasons: Mapped[list[Any]] = mapped_column(ScrubbedPayload, default=list)
     revision: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     evaluated_at: Mapped[datetime | None]
@@ -164,7 +173,7 @@ class SyncTask(Base):
     task_key: Mapped[str] = mapped_column(String(100), unique=True)
     job_id: Mapped[int] = mapped_column(BigInteger)
     run_id: Mapped[str | None] = mapped_column(String(200), index=True)
-    state: Mapped[str] = mapped_column(String(20), default="pending", index=True)
+    state: Mapped[str] = mapped_column(String(20), default=TaskState.PENDING, index=True)
     requested_generation: Mapped[int] = mapped_column(Integer, default=1)
     claimed_generation: Mapped[int] = mapped_column(Integer, default=0)
     synced_generation: Mapped[int] = mapped_column(Integer, default=0)
@@ -198,7 +207,7 @@ class Attempt(Base):
     finished_at: Mapped[datetime | None]
     cloud_status: Mapped[str | None] = mapped_column(String(40))
     http_status: Mapped[int | None] = mapped_column(Integer)
-    outcome: Mapped[str] = mapped_column(String(20), default="running")
+    outcome: Mapped[str] = mapped_column(String(20), default=AttemptOutcome.RUNNING)
     error_class: Mapped[str | None] = mapped_column(String(100))
     error: Mapped[str | None] = mapped_column(ScrubbedText)
     records_read: Mapped[int] = mapped_column(Integer, default=0)
@@ -232,7 +241,7 @@ class Observation(Base):
     payload_hash: Mapped[str] = mapped_column(String(64))
     source_job_id: Mapped[int] = mapped_column(BigInteger)
     source_attempt_id: Mapped[str] = mapped_column(String(36))
-    validation_state: Mapped[str] = mapped_column(String(20), default="pending")
+    validation_state: Mapped[str] = mapped_column(String(20), default=ValidationState.PENDING)
     first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -267,7 +276,7 @@ class OutboxEvent(Base):
     event_type: Mapped[str] = mapped_column(String(50))
     payload: Mapped[dict[str, Any]]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    state: Mapped[str] = mapped_column(String(20), default="unsent", index=True)
+    state: Mapped[str] = mapped_column(String(20), default=OutboxState.UNSENT, index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
     delivered_at: Mapped[datetime | None]
@@ -282,7 +291,7 @@ class Delivery(Base):
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     event_id: Mapped[str] = mapped_column(ForeignKey("outbox.event_id"))
     destination: Mapped[str] = mapped_column(String(500))
-    state: Mapped[str] = mapped_column(String(20), default="unsent")
+    state: Mapped[str] = mapped_column(String(20), default=DeliveryState.UNSENT)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
     lease_until: Mapped[datetime | None]
@@ -329,7 +338,7 @@ class Launch(Base):
     partition: Mapped[str | None] = mapped_column(String(200))
     start_urls: Mapped[list[Any] | None] = mapped_column(Payload)
     manifest: Mapped[dict[str, Any] | None]
-    state: Mapped[str] = mapped_column(String(20), default="intended")
+    state: Mapped[str] = mapped_column(String(20), default=LaunchState.INTENDED)
     job_id: Mapped[int | None] = mapped_column(BigInteger)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)

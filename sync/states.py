@@ -1,0 +1,86 @@
+"""The values of every state column, one ``StrEnum`` per state machine.
+
+Members are ``str``: they compare equal to the stored text, bind as plain strings and
+serialise unchanged, so the values users read in the database and the status API stay as
+they were. Name a state through its member so a typo is an ``AttributeError``, not a row
+that no query ever finds.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class TaskState(StrEnum):
+    """``sync_tasks.state``: one job's journey from wanted to settled."""
+
+    PENDING = "pending"
+    LEASED = "leased"
+    RETRY_WAIT = "retry_wait"
+    COMMITTED = "committed"
+    QUARANTINED = "quarantined"
+    DEAD = "dead"
+    GONE = "gone"
+
+
+class AttemptOutcome(StrEnum):
+    """``attempts.outcome``: how one try ended; a failed try records the task state it left."""
+
+    RUNNING = "running"
+    COMMITTED = "committed"
+    UNCHANGED = "unchanged"
+    STALE = "stale"
+    ABANDONED = "abandoned"
+    RETRY_WAIT = "retry_wait"
+    QUARANTINED = "quarantined"
+    DEAD = "dead"
+    GONE = "gone"
+
+
+class RunState(StrEnum):
+    """``runs.state``: a run collects, becomes a candidate, and is judged."""
+
+    COLLECTING = "collecting"
+    CANDIDATE = "candidate"
+    ACCEPTED = "accepted"
+    PUBLISHED = "published"
+    REJECTED = "rejected"
+
+
+class PartitionState(StrEnum):
+    """``partition_verdicts.state``: one partition's verdict within a run's evaluation."""
+
+    PASSED = "passed"
+    QUARANTINED = "quarantined"
+
+
+class ValidationState(StrEnum):
+    """``observations.validation_state``: whether a staged row may be exported."""
+
+    PENDING = "pending"
+    VALID = "valid"
+    QUARANTINED = "quarantined"
+
+
+class DeliveryState(StrEnum):
+    """``deliveries.state`` and ``outbox.state``: an event's delivery to its destinations."""
+
+    UNSENT = "unsent"
+    SENDING = "sending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    DEAD = "dead"
+
+
+# An outbox event's state is summarised from its deliveries' states: one vocabulary.
+OutboxState = DeliveryState
+
+
+class LaunchState(StrEnum):
+    """``launches.state``: the intent to create a Cloud job, then what became of it."""
+
+    INTENDED = "intended"
+    CREATING = "creating"
+    UNCERTAIN = "uncertain"
+    CREATED = "created"
+    FAILED = "failed"
