@@ -12,6 +12,7 @@ from scrapesync.terminal import CommandError, Progress, echo, echo_json
 from sync import db, logs
 from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
+from sync.states import AttemptOutcome, LaunchState, RunState, TaskState
 
 if TYPE_CHECKING:
     from sync.check import Rejudgement
@@ -87,7 +88,7 @@ def sync_command(job_id: int, force: bool) -> None:
         )
         if result.invalid:
             line += f" invalid={result.invalid}"
-    if result.outcome == "unchanged":
+    if result.outcome == AttemptOutcome.UNCHANGED:
         line += (
             f" run={result.run_id}: Cloud reports the job as at its last sync; nothing downloaded "
             "(--force re-imports it)"
@@ -96,15 +97,15 @@ def sync_command(job_id: int, force: bool) -> None:
         line += f" ({result.error})"
     echo(line)
     if (
-        result.outcome in ("committed", "unchanged")
-        and result.state == "committed"
+        result.outcome in (AttemptOutcome.COMMITTED, AttemptOutcome.UNCHANGED)
+        and result.state == TaskState.COMMITTED
         and result.run_id
     ):
         from sync import runs
 
         evaluation = runs.evaluate_run(services, result.run_id)
         echo(f"run {result.run_id}: {evaluation.state} ({evaluation.outcome})")
-    if result.outcome not in ("committed", "unchanged"):
+    if result.outcome not in (AttemptOutcome.COMMITTED, AttemptOutcome.UNCHANGED):
         sys.exit(1)
 
 
@@ -172,7 +173,7 @@ def launch_command(
     else:
         job = f"Cloud job {outcome.job_id}" if outcome.job_id is not None else "no Cloud job yet"
         echo(f"run {outcome.run_id}: {job} ({outcome.state}: {outcome.message})")
-    if outcome.state != "created":
+    if outcome.state != LaunchState.CREATED:
         sys.exit(1)
 
 
@@ -242,7 +243,7 @@ def rerun_command(
             f"run {outcome.run_id}: recovery batch {outcome.batch_id} with "
             f"{len(outcome.start_urls)} start URLs: {job} ({outcome.state}: {outcome.message})"
         )
-    if outcome.state != "created":
+    if outcome.state != LaunchState.CREATED:
         sys.exit(1)
 
 
@@ -299,15 +300,17 @@ def check_command(run_id: str, datasets_path: str | None, as_json: bool) -> None
     else:
         source = datasets_path or str(services.settings.datasets_path)
         echo(_check_report(result, source))
-    if result.state != "accepted":
+    if result.state != RunState.ACCEPTED:
         sys.exit(1)
 
 
 def _check_report(result: Rejudgement, source: str) -> str:
     """A re-judgement as the lines ``scrapesync check`` prints."""
-    verb = {"accepted": "would be accepted", "rejected": "would be rejected"}.get(
-        result.state, f"would stay {result.state}"
-    )
+    verbs: dict[str, str] = {
+        RunState.ACCEPTED: "would be accepted",
+        RunState.REJECTED: "would be rejected",
+    }
+    verb = verbs.get(result.state, f"would stay {result.state}")
     lines = [f"run {result.run_id} (now {result.current_state}) under {source}: {verb}"]
     if result.baseline_runs:
         lines.append(

@@ -35,6 +35,7 @@ from simulator import CloudState, serve
 from sync import bootstrap, db, destinations, export, launch, logs, reconcile, status, store
 from sync.models import Delivery, Observation, Run, SyncTask
 from sync.queue import Dispatcher, JobKinds, RQDispatcher
+from sync.states import DeliveryState, RunState, TaskState
 
 DEMO_TOKEN = "demo-cloud-token"  # noqa: S105 - the simulator's token, valid nowhere else
 SECRET_VARIABLE = "SCRAPESYNC_DEMO_HOOK_SECRET"  # noqa: S105 - a variable name, not a secret
@@ -378,8 +379,8 @@ def _run(
 
     def quiet() -> bool:
         """No sync in flight, no delivery waiting, the worker idle."""
-        busy = count(SyncTask, SyncTask.state.in_(("pending", "leased")))
-        due = count(Delivery, Delivery.state.in_(("unsent", "sending")))
+        busy = count(SyncTask, SyncTask.state.in_((TaskState.PENDING, TaskState.LEASED)))
+        due = count(Delivery, Delivery.state.in_((DeliveryState.UNSENT, DeliveryState.SENDING)))
         idle = worker is not None or (isinstance(dispatcher, InProcessQueue) and dispatcher.idle())
         return busy == 0 and due == 0 and idle
 
@@ -391,9 +392,9 @@ def _run(
 
     settle("the sync", lambda: count(Observation, Observation.run_id == run_id) >= records)
     echo(f"3. synced {count(Observation, Observation.run_id == run_id)} observations into SQL")
-    settle("acceptance", lambda: run_state() in ("published", "rejected"))
+    settle("acceptance", lambda: run_state() in (RunState.PUBLISHED, RunState.REJECTED))
     state = run_state()
-    if state != "published":
+    if state != RunState.PUBLISHED:
         raise DemoProblem(f"run {run_id} was {state}, not published")
     echo(f"4. run {run_id} accepted and published")
     settle(

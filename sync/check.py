@@ -14,6 +14,7 @@ from sync.acceptance.facts import CANDIDATE
 from sync.acceptance.verdict import judge, waiting_for_tasks
 from sync.bootstrap import Services
 from sync.models import Run
+from sync.states import PartitionState
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def rejudge(
             partitions=[
                 {
                     "partition": p.partition,
-                    "state": "passed" if p.passed else "quarantined",
+                    "state": PartitionState.PASSED if p.passed else PartitionState.QUARANTINED,
                     "records": p.records,
                     "reasons": [r.as_dict() for r in p.reasons],
                 }

@@ -30,6 +30,7 @@ import httpx
 from config.datasets import Destination
 from sync import export, retry
 from sync.bootstrap import Services
+from sync.states import DeliveryState
 
 MAX_ATTEMPTS = 12
 BACKOFF_BASE = 15.0
@@ -130,22 +131,24 @@ def classify(
 ) -> Outcome:
     """The one place that decides what a delivery attempt's answer (or its absence) means."""
     if status is not None and 200 <= status < 300:
-        return Outcome("delivered", status=status)
+        return Outcome(DeliveryState.DELIVERED, status=status)
     retryable = status is None or status in (408, 429) or status >= 500
     if not retryable:
         return Outcome(
-            "dead",
+            DeliveryState.DEAD,
             status=status,
             error=f"{error or f'HTTP {status}'}: refused by the destination, not retried",
         )
     if attempts >= MAX_ATTEMPTS:
         return Outcome(
-            "dead", status=status, error=f"{error or 'failed'}: gave up after {attempts} attempts"
+            DeliveryState.DEAD,
+            status=status,
+            error=f"{error or 'failed'}: gave up after {attempts} attempts",
         )
     wait = backoff(attempts, draw)
     if retry_after is not None:
         wait = retry_after if status == 429 else max(wait, retry_after)
-    return Outcome("failed", wait=wait, status=status, error=error)
+    return Outcome(DeliveryState.FAILED, wait=wait, status=status, error=error)
 
 
 # --- sending ----------------------------------------------------------------------------------
@@ -166,7 +169,7 @@ def send(services: Services, client: httpx.Client, claim: Claim) -> Outcome:
     destination = _destination(services, claim)
     draw = services.random()
     if destination is None:
-        return Outcome("dead", error="destination is no longer in the datasets file")
+        return Outcome(DeliveryState.DEAD, error="destination is no longer in the datasets file")
     if destination.url is None:
         return _write_files(services, destination, claim, draw)
     secret = services.settings.secret(destination.secret_env or "")
@@ -223,9 +226,9 @@ def _write_files(
         body = event_body(claim.event_id, claim.event_type, claim.created_at, claim.payload)
         export.write_atomically(folder / "events" / f"{claim.event_id}.json", body)
     except export.ExportError as exc:
-        return Outcome("dead", error=f"ExportError: {exc}")
+        return Outcome(DeliveryState.DEAD, error=f"ExportError: {exc}")
     except OSError as exc:
         return classify(
             None, attempts=claim.attempts, draw=draw, error=f"{type(exc).__name__}: {exc}"
         )
-    return Outcome("delivered")
+    return Outcome(DeliveryState.DELIVERED)

@@ -19,9 +19,10 @@ from config.datasets import Dataset
 from sync.acceptance.facts import ImportFacts, JobFacts, PartitionTally, Profile, RecordRules
 from sync.acceptance.records import tally_records
 from sync.models import Attempt, Launch, Observation, Run, RunProfile, ScrapingJob, SyncTask
+from sync.states import AttemptOutcome, LaunchState, RunState, TaskState, ValidationState
 from sync.store import task_key_for
 
-UNFINISHED_LAUNCHES = ("intended", "creating", "uncertain")
+UNFINISHED_LAUNCHES = (LaunchState.INTENDED, LaunchState.CREATING, LaunchState.UNCERTAIN)
 
 
 def pending_tasks(session: Session, run_id: str) -> dict[str, str]:
@@ -56,9 +57,9 @@ def pending_tasks(session: Session, run_id: str) -> dict[str, str]:
             ).all()
         )
         rows.update({key: found.get(key, "not synced") for key in unknown})
-    pending = {key: state for key, state in rows.items() if state != "committed"}
+    pending = {key: state for key, state in rows.items() if state != TaskState.COMMITTED}
     pending.update({f"launch {batch}": state for batch, state in launching.items()})
-    if not pending and "committed" not in rows.values():
+    if not pending and TaskState.COMMITTED not in rows.values():
         pending["first sync"] = "not synced"
     return pending
 
@@ -109,7 +110,7 @@ def import_facts(session: Session, run_id: str) -> ImportFacts:
     latest: dict[str, Attempt] = {}
     for attempt in session.execute(
         select(Attempt)
-        .where(Attempt.task_key.in_(keys), Attempt.outcome == "committed")
+        .where(Attempt.task_key.in_(keys), Attempt.outcome == AttemptOutcome.COMMITTED)
         .order_by(Attempt.finished_at)
     ).scalars():
         latest[attempt.task_key] = attempt
@@ -152,7 +153,7 @@ def tally(session: Session, run_id: str, dataset: Dataset) -> tuple[dict[str, Pa
             .execution_options(yield_per=2000)
         )
         for partition, payload, state in session.execute(stmt):
-            if state == "pending":
+            if state == ValidationState.PENDING:
                 pending += 1
             yield partition, payload
 
@@ -169,7 +170,7 @@ def accepted_history(session: Session, run: Run, *, limit: int) -> list[Profile]
         .where(
             Run.dataset == run.dataset,
             Run.run_id != run.run_id,
-            Run.state.in_(("accepted", "published")),
+            Run.state.in_((RunState.ACCEPTED, RunState.PUBLISHED)),
             Run.created_at < run.created_at,
         )
         .order_by(Run.created_at.desc(), Run.run_id.desc())

@@ -25,11 +25,12 @@ from sqlalchemy.orm import Session
 from sync.acceptance.facts import NO_PARTITION
 from sync.bootstrap import Services
 from sync.models import Observation, PartitionVerdict, Publication, Run
+from sync.states import PartitionState, RunState, ValidationState
 
 FORMATS = ("jsonl", "csv")
 FORMULA_STARTS = frozenset("=+-@\t\r")
 PLAIN_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
-EXPORTABLE = ("accepted", "published")
+EXPORTABLE = (RunState.ACCEPTED, RunState.PUBLISHED)
 PROGRESS_EVERY = 1000  # rows between two progress reports
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -143,7 +144,8 @@ def write_export(
         quarantined = sorted(
             session.execute(
                 select(PartitionVerdict.partition).where(
-                    PartitionVerdict.run_id == run_id, PartitionVerdict.state == "quarantined"
+                    PartitionVerdict.run_id == run_id,
+                    PartitionVerdict.state == PartitionState.QUARANTINED,
                 )
             ).scalars()
         )
@@ -191,7 +193,7 @@ def _valid_rows(session: Session, run_id: str) -> Iterator[tuple[str | None, Any
     collation = "C" if session.get_bind().dialect.name == "postgresql" else "BINARY"
     stmt = (
         select(Observation.partition, Observation.payload, Observation.payload_hash)
-        .where(Observation.run_id == run_id, Observation.validation_state == "valid")
+        .where(Observation.run_id == run_id, Observation.validation_state == ValidationState.VALID)
         .order_by(Observation.entity_key.collate(collation), Observation.observation_key)
         .execution_options(yield_per=2000)
     )
@@ -203,7 +205,7 @@ def _valid_count(session: Session, run_id: str) -> int:
     return session.execute(
         select(func.count())
         .select_from(Observation)
-        .where(Observation.run_id == run_id, Observation.validation_state == "valid")
+        .where(Observation.run_id == run_id, Observation.validation_state == ValidationState.VALID)
     ).scalar_one()
 
 

@@ -19,6 +19,7 @@ from sync.cloud.errors import (
 )
 from sync.models import Attempt
 from sync.retry import backoff as jittered
+from sync.states import TaskState
 from sync.store import Lease
 
 BACKOFF_BASE = 10.0
@@ -76,28 +77,28 @@ def classify(exc: BaseException, *, failures: int, draw: float, throttled: int =
     """The one place that decides what a failure of the sync task means (``throttled``: how
     many attempts in a row before this one Cloud or the budget refused)."""
     if isinstance(exc, JobNotFinishedError):
-        return Verdict("retry_wait", poll_wait(failures), False)
+        return Verdict(TaskState.RETRY_WAIT, poll_wait(failures), False)
     if isinstance(exc, PERMANENT):  # retrying cannot fix these: quarantined at once
-        return Verdict("quarantined", None, False)
+        return Verdict(TaskState.QUARANTINED, None, False)
     if isinstance(exc, CloudNotFoundError):
-        return Verdict("gone", None, False)
+        return Verdict(TaskState.GONE, None, False)
     if isinstance(exc, CloudRateLimitedError | ApiBudgetExhaustedError):
         if exc.retry_after is not None:
-            return Verdict("retry_wait", exc.retry_after + draw, False)
+            return Verdict(TaskState.RETRY_WAIT, exc.retry_after + draw, False)
         # Cloud named no wait: wait longer each time in a row (half of the ceiling at least),
         # never spending the failure budget
-        return Verdict("retry_wait", backoff(throttled + 1, 0.5 + draw / 2), False)
+        return Verdict(TaskState.RETRY_WAIT, backoff(throttled + 1, 0.5 + draw / 2), False)
     if isinstance(exc, DBAPIError) and exc.connection_invalidated:
         # The database went away (a restart, a failover): the first time, the next sweep
         # retries as soon as it answers; a connection lost on every try backs off and counts,
         # so a proxy that cuts long transactions cannot make the job download forever.
-        return Verdict("retry_wait", backoff(failures, draw) if failures else 0.0, True)
+        return Verdict(TaskState.RETRY_WAIT, backoff(failures, draw) if failures else 0.0, True)
     if isinstance(exc, CloudError):
         wait = backoff(failures, draw)
         if exc.retry_after is not None:
             wait = max(wait, exc.retry_after)
-        return Verdict("retry_wait", wait, True)
-    return Verdict("retry_wait", backoff(failures, draw), True)
+        return Verdict(TaskState.RETRY_WAIT, wait, True)
+    return Verdict(TaskState.RETRY_WAIT, backoff(failures, draw), True)
 
 
 def failure_message(exc: BaseException) -> str:

@@ -42,6 +42,7 @@ from sync.cloud.errors import (
 from sync.cloud.jobs import CloudJob
 from sync.db import insert
 from sync.models import Launch, Run
+from sync.states import LaunchState
 
 log = logs.get("launch")
 
@@ -145,7 +146,7 @@ def launch(
         run = session.get(Run, run_id)
         known_sitemap = (run.sitemap_id, run.sitemap_name) if run is not None else (None, None)
         existing = session.get(Launch, run_id)
-        if existing is not None and existing.state == "created":
+        if existing is not None and existing.state == LaunchState.CREATED:
             return _outcome(_snap(existing), created=False, found=False, message="already launched")
     with services.cloud() as cloud:
         if known_sitemap[0] is not None:
@@ -194,7 +195,7 @@ def intend(
             kind=kind,
             partition=partition,
             start_urls=start_urls,
-            state="intended",
+            state=LaunchState.INTENDED,
             created_at=now,
             updated_at=now,
         )
@@ -215,13 +216,13 @@ def _take(services: Services, batch_id: str) -> tuple[str, Snapshot] | None:
             raise LaunchError(f"no launch {batch_id!r} is stored")
         previous = row.state
         free = or_(
-            Launch.state.in_(("intended", "failed", "uncertain")),
-            and_(Launch.state == "creating", Launch.updated_at < abandoned),
+            Launch.state.in_((LaunchState.INTENDED, LaunchState.FAILED, LaunchState.UNCERTAIN)),
+            and_(Launch.state == LaunchState.CREATING, Launch.updated_at < abandoned),
         )
         taken = session.execute(
             update(Launch)
             .where(Launch.batch_id == batch_id, Launch.state == previous, free)
-            .values(state="creating", updated_at=now)
+            .values(state=LaunchState.CREATING, updated_at=now)
         )
         if not taken.rowcount:  # type: ignore[attr-defined]
             return None
@@ -269,23 +270,23 @@ def carry_out(
             assert current is not None
             message = (
                 "already launched"
-                if current.state == "created"
+                if current.state == LaunchState.CREATED
                 else "another process is creating this job right now; try again in a minute"
             )
             return _outcome(_snap(current), created=False, found=False, message=message)
     previous, row = taken
     bound = {"run_id": row.run_id, "batch_id": batch_id, "kind": row.kind}
-    if previous in ("uncertain", "creating"):
+    if previous in (LaunchState.UNCERTAIN, LaunchState.CREATING):
         try:
             found = find_job(cloud, sitemap_id=sitemap_id, custom_id=batch_id)
         except CloudError as exc:
-            _settle(services, batch_id, state="uncertain", error=f"lookup: {exc}")
+            _settle(services, batch_id, state=LaunchState.UNCERTAIN, error=f"lookup: {exc}")
             raise LaunchError(
                 f"launch {batch_id}: an earlier create may have made a Cloud job, and Cloud's "
                 f"job list cannot be read now ({exc}); run the same command again later"
             ) from None
         if found is not None:
-            settled = _settle(services, batch_id, state="created", job_id=found.id)
+            settled = _settle(services, batch_id, state=LaunchState.CREATED, job_id=found.id)
             log.info("launch.found", extra={**bound, "job_id": found.id})
             return _outcome(settled, created=False, found=True, message="found the earlier job")
     start_urls = list(row.start_urls or [])
@@ -295,13 +296,13 @@ def carry_out(
         )
     except CloudError as exc:
         if not _uncertain(exc):
-            _settle(services, batch_id, state="failed", error=str(exc))
+            _settle(services, batch_id, state=LaunchState.FAILED, error=str(exc))
             log.warning("launch.failed", extra={**bound, "error": str(exc)})
             raise LaunchError(f"launch {batch_id}: Cloud refused the job: {exc}") from None
-        _settle(services, batch_id, state="uncertain", error=str(exc))
+        _settle(services, batch_id, state=LaunchState.UNCERTAIN, error=str(exc))
         log.warning("launch.uncertain", extra={**bound, "error": str(exc)})
         return _after_uncertain(services, cloud, batch_id, sitemap_id=sitemap_id, error=exc)
-    settled = _settle(services, batch_id, state="created", job_id=job_id)
+    settled = _settle(services, batch_id, state=LaunchState.CREATED, job_id=job_id)
     log.info("launch.created", extra={**bound, "job_id": job_id})
     return _outcome(settled, created=True, found=False, message="created")
 
@@ -315,7 +316,7 @@ def _after_uncertain(
     except CloudError:
         found = None
     if found is not None:
-        settled = _settle(services, batch_id, state="created", job_id=found.id)
+        settled = _settle(services, batch_id, state=LaunchState.CREATED, job_id=found.id)
         log.info("launch.found", extra={"batch_id": batch_id, "job_id": found.id})
         return _outcome(
             settled, created=True, found=True, message=f"create timed out ({error}); found the job"

@@ -33,6 +33,7 @@ from sync import destinations, logs
 from sync.bootstrap import Services
 from sync.db import insert
 from sync.models import Delivery, OutboxEvent
+from sync.states import DeliveryState, OutboxState
 
 log = logs.get("outbox")
 
@@ -85,7 +86,7 @@ def write_event(
             event_type=event_type,
             payload=payload,
             created_at=now,
-            state="unsent" if destinations else "delivered",
+            state=OutboxState.UNSENT if destinations else OutboxState.DELIVERED,
             attempts=0,
             next_attempt_at=now,
             delivered_at=None if destinations else now,
@@ -98,7 +99,7 @@ def write_event(
             .values(
                 event_id=event_id,
                 destination=destination,
-                state="unsent",
+                state=DeliveryState.UNSENT,
                 attempts=0,
                 next_attempt_at=now,
             )
@@ -113,8 +114,8 @@ def write_event(
 def _due(now: datetime) -> Any:
     d = Delivery.__table__.c
     return or_(
-        and_(d.state.in_(("unsent", "failed")), d.next_attempt_at <= now),
-        and_(d.state == "sending", d.lease_until < now),
+        and_(d.state.in_((DeliveryState.UNSENT, DeliveryState.FAILED)), d.next_attempt_at <= now),
+        and_(d.state == DeliveryState.SENDING, d.lease_until < now),
     )
 
 
@@ -166,7 +167,7 @@ def _claim(
             update(Delivery)
             .where(d.id == delivery_id, _due(now))
             .values(
-                state="sending",
+                state=DeliveryState.SENDING,
                 attempts=d.attempts + 1,
                 lease_until=now + timedelta(seconds=lease_seconds),
             )
@@ -203,15 +204,19 @@ def _settle(services: Services, claim: destinations.Claim, outcome: destinations
         "last_status": outcome.status,
         "last_error": outcome.error,
     }
-    if outcome.state == "delivered":
+    if outcome.state == DeliveryState.DELIVERED:
         values["delivered_at"] = now
     next_at = now + timedelta(seconds=outcome.wait or 0.0)
-    if outcome.state == "failed":
+    if outcome.state == DeliveryState.FAILED:
         values["next_attempt_at"] = next_at
     with services.uow.begin() as session:
         result = session.execute(
             update(Delivery)
-            .where(d.id == claim.delivery_id, d.state == "sending", d.attempts == claim.attempts)
+            .where(
+                d.id == claim.delivery_id,
+                d.state == DeliveryState.SENDING,
+                d.attempts == claim.attempts,
+            )
             .values(**values)
         )
         settled = bool(result.rowcount)  # type: ignore[attr-defined]
@@ -228,11 +233,11 @@ def _settle(services: Services, claim: destinations.Claim, outcome: destinations
     }
     if not settled:
         log.warning("delivery.claim_lost", extra=extra)
-    elif outcome.state == "delivered":
+    elif outcome.state == DeliveryState.DELIVERED:
         log.info("delivery.delivered", extra=extra)
     else:
         log.warning(f"delivery.{outcome.state}", extra=extra)
-    if settled and outcome.state == "failed":
+    if settled and outcome.state == DeliveryState.FAILED:
         services.dispatcher.delivery(claim.event_id, at=next_at, suffix=f"a{claim.attempts}")
     return settled
 
@@ -245,9 +250,22 @@ def _summarise(session: Session, event_id: str, now: datetime) -> None:
         ).where(Delivery.event_id == event_id)
     ).all()
     states = {r.state for r in rows}
-    state = next((s for s in ("dead", "failed", "sending", "unsent") if s in states), "delivered")
-    waiting = [r.next_attempt_at for r in rows if r.state in ("unsent", "failed")]
-    errors = [r.last_error for r in rows if r.last_error and r.state in ("dead", "failed")]
+    state = next(
+        (
+            s
+            for s in (OutboxState.DEAD, OutboxState.FAILED, OutboxState.SENDING, OutboxState.UNSENT)
+            if s in states
+        ),
+        OutboxState.DELIVERED,
+    )
+    waiting = [
+        r.next_attempt_at for r in rows if r.state in (DeliveryState.UNSENT, DeliveryState.FAILED)
+    ]
+    errors = [
+        r.last_error
+        for r in rows
+        if r.last_error and r.state in (DeliveryState.DEAD, DeliveryState.FAILED)
+    ]
     values: dict[str, Any] = {
         "state": state,
         "attempts": sum(r.attempts for r in rows),
@@ -255,7 +273,7 @@ def _summarise(session: Session, event_id: str, now: datetime) -> None:
     }
     if waiting:
         values["next_attempt_at"] = min(waiting)
-    if state == "delivered":
+    if state == OutboxState.DELIVERED:
         values["delivered_at"] = now
     session.execute(update(OutboxEvent).where(OutboxEvent.event_id == event_id).values(**values))
 

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from config.datasets import Dataset
 from sync import outbox
 from sync.models import Observation, PartitionVerdict, Publication, Run
+from sync.states import PartitionState, RunState, ValidationState
 
 
 def current_publication(session: Session, dataset: str) -> Publication | None:
@@ -83,12 +84,13 @@ def publish(
         )
     )
     session.flush()
-    run.state = "published"
+    run.state = RunState.PUBLISHED
     run.published_at = now
     partitions = list(
         session.execute(
             select(PartitionVerdict.partition).where(
-                PartitionVerdict.run_id == run.run_id, PartitionVerdict.state == "passed"
+                PartitionVerdict.run_id == run.run_id,
+                PartitionVerdict.state == PartitionState.PASSED,
             )
         ).scalars()
     )
@@ -125,7 +127,7 @@ def withdraw(session: Session, dataset: Dataset, run: Run, now: datetime) -> lis
         .where(
             Run.dataset == dataset.name,
             Run.run_id != run.run_id,
-            Run.state.in_(("accepted", "published")),
+            Run.state.in_((RunState.ACCEPTED, RunState.PUBLISHED)),
         )
         .order_by(Run.created_at.desc())
         .limit(1)
@@ -167,7 +169,7 @@ def _valid_records(session: Session, run_id: str) -> int:
     return int(
         session.execute(
             select(func.count()).where(
-                Observation.run_id == run_id, Observation.validation_state == "valid"
+                Observation.run_id == run_id, Observation.validation_state == ValidationState.VALID
             )
         ).scalar_one()
     )

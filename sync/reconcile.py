@@ -34,11 +34,12 @@ from sync.cloud.jobs import CloudJob
 from sync.models import Launch, MaintenanceRun, Run, SyncTask
 from sync.models import ScrapingJob as JobRow
 from sync.retry import backoff
+from sync.states import LaunchState, TaskState
 
 log = logs.get("reconcile")
 
 DEFAULT_SINCE = timedelta(days=7)
-IN_FLIGHT = ("pending", "leased", "retry_wait")
+IN_FLIGHT = (TaskState.PENDING, TaskState.LEASED, TaskState.RETRY_WAIT)
 COUNTERS = (
     "status",
     "jobs_scheduled",
@@ -318,7 +319,7 @@ def _check_one(
         report.running += 1
         return
     if task is not None and task[0] in IN_FLIGHT:
-        if task[0] == "retry_wait" and task[1] == "JobNotFinishedError":
+        if task[0] == TaskState.RETRY_WAIT and task[1] == "JobNotFinishedError":
             report.wanted.append(Wanted(job.id, "finished since"))
         else:
             report.in_flight += 1
@@ -353,7 +354,8 @@ def _unlinked(services: Services, jobs: Sequence[CloudJob]) -> list[tuple[str, i
         for chunk in _chunks(sorted(by_custom_id)):
             for batch_id in session.execute(
                 select(Launch.batch_id).where(
-                    Launch.batch_id.in_(chunk), Launch.state.in_(("uncertain", "creating"))
+                    Launch.batch_id.in_(chunk),
+                    Launch.state.in_((LaunchState.UNCERTAIN, LaunchState.CREATING)),
                 )
             ).scalars():
                 found.append((batch_id, by_custom_id[batch_id]))
@@ -364,9 +366,13 @@ def _link_launches(services: Services, report: ReconcileReport, jobs: Sequence[C
     for batch_id, job_id in _unlinked(services, jobs):
         with services.uow.begin() as session:
             launch = session.get(Launch, batch_id)
-            if launch is None or launch.state not in ("uncertain", "creating"):
+            if launch is None or launch.state not in (LaunchState.UNCERTAIN, LaunchState.CREATING):
                 continue
-            launch.state, launch.job_id, launch.updated_at = "created", job_id, services.clock()
+            launch.state, launch.job_id, launch.updated_at = (
+                LaunchState.CREATED,
+                job_id,
+                services.clock(),
+            )
             launch.last_error = None
             session.commit()
         report.launches_linked.append(batch_id)

@@ -31,11 +31,12 @@ from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
 from sync.launch import LaunchError, LaunchOutcome, carry_out, intend, resolve_sitemap
 from sync.models import Launch, Observation, PartitionVerdict, Run, ScrapingJob
+from sync.states import LaunchState, PartitionState, RunState
 
 log = logs.get("rerun")
 
-PASSED = "passed"
-UNFINISHED = ("intended", "creating", "uncertain")
+PASSED = PartitionState.PASSED
+UNFINISHED = (LaunchState.INTENDED, LaunchState.CREATING, LaunchState.UNCERTAIN)
 MAX_START_URLS = 10_000
 
 
@@ -239,7 +240,7 @@ def rerun(
 
 def _reopen(services: Services, outcome: LaunchOutcome) -> LaunchOutcome:
     """A rejected run whose recovery job exists is a candidate again, waiting for that job."""
-    if outcome.state != "created":
+    if outcome.state != LaunchState.CREATED:
         return outcome
     waiting = Reason(
         "recovery_batch",
@@ -249,8 +250,10 @@ def _reopen(services: Services, outcome: LaunchOutcome) -> LaunchOutcome:
     with services.uow.begin() as session:
         reopened = session.execute(
             update(Run)
-            .where(Run.run_id == outcome.run_id, Run.state == "rejected")
-            .values(state="candidate", reasons=[waiting.as_dict()], updated_at=services.clock())
+            .where(Run.run_id == outcome.run_id, Run.state == RunState.REJECTED)
+            .values(
+                state=RunState.CANDIDATE, reasons=[waiting.as_dict()], updated_at=services.clock()
+            )
         )
         session.commit()
     if reopened.rowcount:  # type: ignore[attr-defined]

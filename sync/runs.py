@@ -45,11 +45,12 @@ from sync.models import (
     ScrapingJob,
     SyncTask,
 )
+from sync.states import LaunchState, PartitionState, RunState, TaskState, ValidationState
 
 log = logs.get("runs")
 
-DECIDED = ("accepted", "published", "rejected")
-OPEN = ("collecting", "candidate")
+DECIDED = (RunState.ACCEPTED, RunState.PUBLISHED, RunState.REJECTED)
+OPEN = (RunState.COLLECTING, RunState.CANDIDATE)
 PROBLEMATIC_URL_LIMIT = 500
 CONFLICT_RETRIES = 5
 _RETRYABLE_SQLSTATES = ("40001", "40P01")
@@ -179,7 +180,7 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
         waiting = waiting_for_tasks(evidence.pending_tasks(session, run_id))
         if waiting is not None:
             if run.state in OPEN:
-                run.state = "candidate"
+                run.state = RunState.CANDIDATE
                 run.reasons = [waiting.as_dict()]
                 run.evaluated_at = now
                 session.commit()
@@ -199,7 +200,7 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
         if judgement.state == CANDIDATE:
             # Waiting for Cloud's data-quality result: evaluated_at stays, so the sweep retries.
             if run.state in OPEN:
-                run.state = "candidate"
+                run.state = RunState.CANDIDATE
                 run.reasons = [r.as_dict() for r in judgement.reasons]
                 session.commit()
             return Evaluation(
@@ -231,9 +232,10 @@ def _apply(
         ).all()
     )
     new_verdicts = {
-        p.partition: "passed" if p.passed else "quarantined" for p in judgement.partitions
+        p.partition: PartitionState.PASSED if p.passed else PartitionState.QUARANTINED
+        for p in judgement.partitions
     }
-    was_accepted = old_state in ("accepted", "published")
+    was_accepted = old_state in (RunState.ACCEPTED, RunState.PUBLISHED)
     now_accepted = judgement.state == ACCEPTED
     changed = (
         old_state not in DECIDED
@@ -251,8 +253,8 @@ def _apply(
         summary = _summary(run, judgement)
         if now_accepted:
             run.accepted_at = now
-            if old_state != "published":
-                run.state = "accepted"
+            if old_state != RunState.PUBLISHED:
+                run.state = RunState.ACCEPTED
             events.append(_announce(session, dataset, run, "run.accepted", summary, now))
             current = publication.current_publication(session, dataset.name)
             if publication.publishes(session, run, current):
@@ -267,7 +269,7 @@ def _apply(
                     )
                 )
         else:
-            run.state = "rejected"
+            run.state = RunState.REJECTED
             events.append(_announce(session, dataset, run, "run.rejected", summary, now))
             events.extend(publication.withdraw(session, dataset, run, now))
     _keep_profile(session, run, judgement, now)
@@ -291,7 +293,10 @@ def _summary(run: Run, judgement: Judgement) -> dict[str, Any]:
         "state": judgement.state,
         "records": judgement.counted_records,
         "partitions": {
-            p.partition: {"state": "passed" if p.passed else "quarantined", "records": p.records}
+            p.partition: {
+                "state": PartitionState.PASSED if p.passed else PartitionState.QUARANTINED,
+                "records": p.records,
+            }
             for p in judgement.partitions
         },
         "reasons": [r.as_dict() for r in judgement.reasons],
@@ -330,7 +335,7 @@ def _write_partition_verdicts(
             PartitionVerdict(
                 run_id=run_id,
                 partition=p.partition,
-                state="passed" if p.passed else "quarantined",
+                state=PartitionState.PASSED if p.passed else PartitionState.QUARANTINED,
                 records=p.records,
                 reasons=[r.as_dict() for r in p.reasons],
                 evaluated_at=now,
@@ -373,8 +378,8 @@ def _mark_observations(session: Session, run_id: str, judgement: Judgement) -> N
     """Quarantine the failed partitions' rows and mark the rest valid; rows this evaluation did
     not read (written by a sync since) are left alone: REPEATABLE READ refuses to touch them."""
     groups = {
-        "quarantined": [p.partition for p in judgement.partitions if not p.passed],
-        "valid": [p.partition for p in judgement.partitions if p.passed],
+        ValidationState.QUARANTINED: [p.partition for p in judgement.partitions if not p.passed],
+        ValidationState.VALID: [p.partition for p in judgement.partitions if p.passed],
     }
     for state, names in groups.items():
         where = _in_partitions(names)
@@ -405,7 +410,7 @@ def runs_due_for_evaluation(session: Session, *, limit: int | None = 500) -> lis
         select(
             t.run_id,
             func.max(t.updated_at).label("latest"),
-            func.sum(case((t.state != "committed", 1), else_=0)).label("open"),
+            func.sum(case((t.state != TaskState.COMMITTED, 1), else_=0)).label("open"),
         )
         .where(t.run_id.is_not(None))
         .group_by(t.run_id)
@@ -429,11 +434,11 @@ def runs_due_for_evaluation(session: Session, *, limit: int | None = 500) -> lis
                 .outerjoin(SyncTask, SyncTask.job_id == Launch.job_id)
                 .where(
                     Launch.run_id.in_(candidates[start : start + _CHUNK]),
-                    Launch.state != "failed",
+                    Launch.state != LaunchState.FAILED,
                     or_(
-                        Launch.state != "created",
+                        Launch.state != LaunchState.CREATED,
                         SyncTask.state.is_(None),
-                        SyncTask.state != "committed",
+                        SyncTask.state != TaskState.COMMITTED,
                     ),
                 )
             ).scalars()

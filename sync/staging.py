@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 
 from sync.cloud.download import InvalidRecord
 from sync.models import UTCDateTime
+from sync.states import ValidationState
 
 # --- records that cannot be stored ---------------------------------------------------------------
 
@@ -217,7 +218,7 @@ class ObservationStager:
             "last_changed_at) "
             "SELECT c.observation_key, :dataset, c.entity_key, :run_id, :window, "
             f"c.partition, c.start_url, {payload}, c.payload_hash, :job_id, :attempt_id, "
-            "'pending', :now, :now FROM obs_staging c "
+            f"'{ValidationState.PENDING}', :now, :now FROM obs_staging c "
             "LEFT JOIN observations o ON o.observation_key = c.observation_key "
             "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash "
             "ON CONFLICT (observation_key) DO UPDATE SET "
@@ -225,7 +226,8 @@ class ObservationStager:
             "partition = excluded.partition, start_url = excluded.start_url, "
             "entity_key = excluded.entity_key, source_job_id = excluded.source_job_id, "
             "source_attempt_id = excluded.source_attempt_id, "
-            "validation_state = 'pending', last_changed_at = excluded.last_changed_at "
+            f"validation_state = '{ValidationState.PENDING}', "
+            "last_changed_at = excluded.last_changed_at "
             "WHERE observations.payload_hash <> excluded.payload_hash"
         )
         params = {
@@ -288,10 +290,11 @@ class ObservationStager:
         if todo.changed:
             updated = conn.execute(
                 text(
-                    "UPDATE observations o SET payload = CAST(c.payload AS jsonb), "
+                    "UPDATE observations o SET payload = CAST(c.payload AS jsonb), "  # noqa: S608 - constants only
                     "payload_hash = c.payload_hash, partition = c.partition, "
                     "start_url = c.start_url, entity_key = c.entity_key, source_job_id = :job_id, "
-                    "source_attempt_id = :attempt_id, validation_state = 'pending', "
+                    "source_attempt_id = :attempt_id, "
+                    f"validation_state = '{ValidationState.PENDING}', "
                     "last_changed_at = :now FROM obs_staging c "
                     "WHERE o.observation_key = c.observation_key "
                     "AND o.payload_hash <> c.payload_hash"

@@ -28,9 +28,10 @@ from sync.models import (
     ScrapingJob,
     SyncTask,
 )
+from sync.states import AttemptOutcome, OutboxState, RunState, TaskState
 
-TASK_STATES = ("pending", "leased", "retry_wait", "committed", "quarantined", "dead", "gone")
-RUN_STATES = ("collecting", "candidate", "accepted", "published", "rejected")
+TASK_STATES: tuple[str, ...] = tuple(TaskState)  # in lifecycle order
+RUN_STATES: tuple[str, ...] = tuple(RunState)
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -221,16 +222,17 @@ def _tasks(session: Session, now: datetime) -> dict[str, Any]:
             SyncTask,
             (SyncTask.task_key == Attempt.task_key) & (SyncTask.lease_token == Attempt.lease_token),
         )
-        .where(SyncTask.state == "leased", Attempt.outcome == "running")
+        .where(SyncTask.state == TaskState.LEASED, Attempt.outcome == AttemptOutcome.RUNNING)
     ).scalar_one()
     expired = session.execute(
         select(func.count())
         .select_from(SyncTask)
-        .where(SyncTask.state == "leased", SyncTask.lease_until < now)
+        .where(SyncTask.state == TaskState.LEASED, SyncTask.lease_until < now)
     ).scalar_one()
     oldest_due = session.execute(
         select(func.min(SyncTask.next_attempt_at)).where(
-            SyncTask.state.in_(("pending", "retry_wait")), SyncTask.next_attempt_at <= now
+            SyncTask.state.in_((TaskState.PENDING, TaskState.RETRY_WAIT)),
+            SyncTask.next_attempt_at <= now,
         )
     ).scalar_one()
     return {
@@ -253,9 +255,9 @@ def _outbox(session: Session, now: datetime) -> dict[str, Any]:
     ):
         deliveries[state] = int(count)
     oldest = session.execute(
-        select(func.min(OutboxEvent.created_at)).where(OutboxEvent.state != "delivered")
+        select(func.min(OutboxEvent.created_at)).where(OutboxEvent.state != OutboxState.DELIVERED)
     ).scalar_one()
-    backlog = sum(n for state, n in events.items() if state != "delivered")
+    backlog = sum(n for state, n in events.items() if state != OutboxState.DELIVERED)
     return {
         "events": events,
         "deliveries": deliveries,

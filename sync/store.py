@@ -30,9 +30,10 @@ from sqlalchemy.orm import Session
 from sync.cloud.jobs import CloudJob
 from sync.db import insert
 from sync.models import Attempt, Notification, Run, ScrapingJob, SyncTask, UTCDateTime
+from sync.states import AttemptOutcome, RunState, TaskState
 
-REVIVABLE = ("committed", "quarantined", "dead", "gone")
-CLAIMABLE = ("pending", "retry_wait")
+REVIVABLE = (TaskState.COMMITTED, TaskState.QUARANTINED, TaskState.DEAD, TaskState.GONE)
+CLAIMABLE = (TaskState.PENDING, TaskState.RETRY_WAIT)
 
 
 class StaleLeaseError(Exception):
@@ -112,7 +113,7 @@ def want_sync(session: Session, job_id: int, *, now: datetime) -> Wish:
     new = insert(session, SyncTask).values(
         task_key=key,
         job_id=job_id,
-        state="pending",
+        state=TaskState.PENDING,
         requested_generation=1,
         claimed_generation=0,
         synced_generation=0,
@@ -124,16 +125,18 @@ def want_sync(session: Session, job_id: int, *, now: datetime) -> Wish:
         updated_at=now,
     )
     revive = t.state.in_(REVIVABLE)
-    waiting_for_finish = and_(t.state == "retry_wait", t.last_error_class == "JobNotFinishedError")
+    waiting_for_finish = and_(
+        t.state == TaskState.RETRY_WAIT, t.last_error_class == "JobNotFinishedError"
+    )
     stmt = new.on_conflict_do_update(
         index_elements=["task_key"],
         set_={
             "requested_generation": case(
-                (t.state == "leased", t.claimed_generation + 1),
+                (t.state == TaskState.LEASED, t.claimed_generation + 1),
                 (t.state.in_(CLAIMABLE), t.requested_generation),
                 else_=t.synced_generation + 1,
             ),
-            "state": case((or_(revive, waiting_for_finish), "pending"), else_=t.state),
+            "state": case((or_(revive, waiting_for_finish), TaskState.PENDING), else_=t.state),
             "failure_count": case((revive, 0), else_=t.failure_count),
             "next_attempt_at": case(
                 (or_(revive, waiting_for_finish), now), else_=t.next_attempt_at
@@ -159,26 +162,26 @@ _REVIVABLE_SQL = ", ".join(f"'{state}'" for state in REVIVABLE)
 _ACCEPT = (
     text(
         "WITH cur AS (SELECT state, requested_generation, attempt_count, next_attempt_at "  # noqa: S608 - constants only
-        "FROM sync_tasks WHERE task_key = :key AND state = 'pending'), "
+        f"FROM sync_tasks WHERE task_key = :key AND state = '{TaskState.PENDING}'), "
         "up AS (INSERT INTO sync_tasks (task_key, job_id, state, requested_generation, "
         "claimed_generation, synced_generation, attempt_count, failure_count, lease_token, "
         "next_attempt_at, created_at, updated_at) "
-        "SELECT :key, :job_id, 'pending', 1, 0, 0, 0, 0, 0, :now, :now, :now "
+        f"SELECT :key, :job_id, '{TaskState.PENDING}', 1, 0, 0, 0, 0, 0, :now, :now, :now "
         "WHERE NOT EXISTS (SELECT 1 FROM cur) "
         "ON CONFLICT (task_key) DO UPDATE SET "
-        "requested_generation = CASE WHEN sync_tasks.state = 'leased' "
+        f"requested_generation = CASE WHEN sync_tasks.state = '{TaskState.LEASED}' "
         "THEN sync_tasks.claimed_generation + 1 "
-        "WHEN sync_tasks.state IN ('pending', 'retry_wait') "
+        f"WHEN sync_tasks.state IN ('{TaskState.PENDING}', '{TaskState.RETRY_WAIT}') "
         "THEN sync_tasks.requested_generation "
         "ELSE sync_tasks.synced_generation + 1 END, "
         f"state = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
-        "OR (sync_tasks.state = 'retry_wait' "
+        f"OR (sync_tasks.state = '{TaskState.RETRY_WAIT}' "
         "AND sync_tasks.last_error_class = 'JobNotFinishedError') "
-        "THEN 'pending' ELSE sync_tasks.state END, "
+        f"THEN '{TaskState.PENDING}' ELSE sync_tasks.state END, "
         f"failure_count = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
         "THEN 0 ELSE sync_tasks.failure_count END, "
         f"next_attempt_at = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
-        "OR (sync_tasks.state = 'retry_wait' "
+        f"OR (sync_tasks.state = '{TaskState.RETRY_WAIT}' "
         "AND sync_tasks.last_error_class = 'JobNotFinishedError') "
         "THEN excluded.next_attempt_at ELSE sync_tasks.next_attempt_at END, "
         "updated_at = excluded.updated_at "
@@ -237,7 +240,7 @@ def claim(
     t = SyncTask.__table__.c
     due = or_(
         and_(t.state.in_(CLAIMABLE), t.next_attempt_at <= now),
-        and_(t.state == "leased", t.lease_until < now),
+        and_(t.state == TaskState.LEASED, t.lease_until < now),
     )
     target = (
         select(t.id)
@@ -250,7 +253,7 @@ def claim(
         update(SyncTask)
         .where(t.id == target)
         .values(
-            state="leased",
+            state=TaskState.LEASED,
             lease_owner=owner,
             lease_until=until,
             lease_token=t.lease_token + 1,
@@ -264,8 +267,8 @@ def claim(
         return None
     session.execute(
         update(Attempt)
-        .where(Attempt.task_key == task_key, Attempt.outcome == "running")
-        .values(outcome="abandoned", finished_at=now, error_class="LeaseExpired")
+        .where(Attempt.task_key == task_key, Attempt.outcome == AttemptOutcome.RUNNING)
+        .values(outcome=AttemptOutcome.ABANDONED, finished_at=now, error_class="LeaseExpired")
     )
     attempt = Attempt(
         attempt_id=_new_id(),
@@ -297,7 +300,9 @@ def _new_id() -> str:
 
 def _fenced(lease: Lease) -> Any:
     t = SyncTask.__table__.c
-    return and_(t.task_key == lease.task_key, t.lease_token == lease.token, t.state == "leased")
+    return and_(
+        t.task_key == lease.task_key, t.lease_token == lease.token, t.state == TaskState.LEASED
+    )
 
 
 def extend_lease(session: Session, lease: Lease, *, lease_seconds: float, now: datetime) -> bool:
@@ -318,7 +323,10 @@ def commit_task(session: Session, lease: Lease, *, run_id: str | None, now: date
         update(SyncTask)
         .where(_fenced(lease))
         .values(
-            state=case((t.requested_generation > lease.generation, "pending"), else_="committed"),
+            state=case(
+                (t.requested_generation > lease.generation, TaskState.PENDING),
+                else_=TaskState.COMMITTED,
+            ),
             synced_generation=lease.generation,
             run_id=run_id,
             lease_owner=None,
@@ -435,7 +443,7 @@ def ensure_run(
         collection_window=window,
         sitemap_id=sitemap_id,
         sitemap_name=sitemap_name,
-        state="collecting",
+        state=RunState.COLLECTING,
         reasons=[],
         created_at=now,
         updated_at=now,
@@ -452,7 +460,7 @@ def due_tasks(session: Session, *, now: datetime, limit: int = 1000) -> list[tup
         .where(
             or_(
                 and_(t.state.in_(CLAIMABLE), t.next_attempt_at <= now),
-                and_(t.state == "leased", t.lease_until < now),
+                and_(t.state == TaskState.LEASED, t.lease_until < now),
             )
         )
         .order_by(t.next_attempt_at)

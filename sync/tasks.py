@@ -48,6 +48,7 @@ from sync.failures import (
 from sync.identity import RecordIdentity
 from sync.models import Launch, Run, SyncTask
 from sync.staging import UpsertCounts
+from sync.states import AttemptOutcome, TaskState
 from sync.store import Lease, StaleLeaseError
 
 log = logs.get("sync")
@@ -190,9 +191,11 @@ def run_sync(services: Services, task_key: str, *, force: bool = False) -> SyncR
             else:
                 result = _import(services, cloud, lease, job, target, fingerprint=fingerprint)
     except StaleLeaseError as exc:
-        _finish_attempt(services, lease, outcome="stale", error_class="StaleLease", error=str(exc))
+        _finish_attempt(
+            services, lease, outcome=AttemptOutcome.STALE, error_class="StaleLease", error=str(exc)
+        )
         log.warning("attempt.stale", extra=bound)
-        return SyncResult(task_key, "stale", None, error=str(exc))
+        return SyncResult(task_key, AttemptOutcome.STALE, None, error=str(exc))
     except Exception as exc:
         result = _settle_failure(services, lease, exc)
         log.info(
@@ -233,12 +236,16 @@ def _commit_unchanged(
         state = store.commit_task(session, lease, run_id=target.run_id, now=now)
         _record_fingerprint(session, lease, fingerprint)
         store.finish_attempt(
-            session, lease.attempt_id, now=now, outcome="unchanged", cloud_status=job.status
+            session,
+            lease.attempt_id,
+            now=now,
+            outcome=AttemptOutcome.UNCHANGED,
+            cloud_status=job.status,
         )
         session.commit()
-    if state == "pending":
+    if state == TaskState.PENDING:
         _enqueue(services, lease.task_key)
-    return SyncResult(lease.task_key, "unchanged", state, run_id=target.run_id)
+    return SyncResult(lease.task_key, AttemptOutcome.UNCHANGED, state, run_id=target.run_id)
 
 
 def _record_fingerprint(session: Session, lease: Lease, fingerprint: str) -> None:
@@ -260,7 +267,7 @@ def _abandon(services: Services, lease: Lease, exc: BaseException) -> None:
             released = store.settle_task(
                 session,
                 lease,
-                state="pending",
+                state=TaskState.PENDING,
                 error_class=type(exc).__name__,
                 error=reason,
                 next_attempt_at=now,
@@ -272,7 +279,7 @@ def _abandon(services: Services, lease: Lease, exc: BaseException) -> None:
                     session,
                     lease.attempt_id,
                     now=now,
-                    outcome="abandoned",
+                    outcome=AttemptOutcome.ABANDONED,
                     error_class=type(exc).__name__,
                     error=reason,
                 )
@@ -359,7 +366,7 @@ def _import(
             session,
             lease.attempt_id,
             now=now,
-            outcome="committed",
+            outcome=AttemptOutcome.COMMITTED,
             cloud_status=job.status,
             recovery_batch=target.recovery_batch,
             records_read=read,
@@ -375,7 +382,7 @@ def _import(
         )
         session.commit()
     services.killpoints.reached("after-commit")
-    if state == "pending":
+    if state == TaskState.PENDING:
         _enqueue(services, lease.task_key)
     else:  # the run's data changed: judge it (a lost job is found again by the maintenance sweep)
         services.dispatcher.evaluation(
@@ -383,7 +390,7 @@ def _import(
         )
     return SyncResult(
         lease.task_key,
-        "committed",
+        AttemptOutcome.COMMITTED,
         state,
         run_id=target.run_id,
         counts=counts,
@@ -413,7 +420,7 @@ def _settle_failure(services: Services, lease: Lease, exc: BaseException) -> Syn
     )
     state = verdict.state
     if verdict.count_failure and lease.failure_count + 1 >= services.settings.max_sync_attempts:
-        state = "dead"
+        state = TaskState.DEAD
     next_at = now + timedelta(seconds=verdict.wait or 0.0)
     error_class = type(exc).__name__
     message = failure_message(exc)
@@ -434,19 +441,19 @@ def _settle_failure(services: Services, lease: Lease, exc: BaseException) -> Syn
             session,
             lease.attempt_id,
             now=now,
-            outcome=state if settled else "stale",
+            outcome=state if settled else AttemptOutcome.STALE,
             error_class=error_class,
             error=message,
             http_status=status,
         )
         session.commit()
-    if settled and state == "retry_wait":
+    if settled and state == TaskState.RETRY_WAIT:
         _enqueue(services, lease.task_key, at=next_at)
     return SyncResult(
         lease.task_key,
-        state if settled else "stale",
+        state if settled else AttemptOutcome.STALE,
         state if settled else None,
-        next_attempt_at=next_at if state == "retry_wait" else None,
+        next_attempt_at=next_at if state == TaskState.RETRY_WAIT else None,
         error=f"{error_class}: {message}",
     )
 

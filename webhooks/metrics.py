@@ -30,6 +30,7 @@ from sync.models import (
     Run,
     SyncTask,
 )
+from sync.states import AttemptOutcome, OutboxState, TaskState
 from sync.status import RUN_STATES, TASK_STATES
 from webhooks import services_of
 from webhooks.status import _private, _refusal
@@ -82,7 +83,7 @@ class ScrapesyncCollector:
 
         # A running attempt still changes outcome, so it is a gauge; ended ones only add up.
         outcomes = _grouped(session, Attempt.outcome)
-        running = outcomes.pop("running", 0)
+        running = outcomes.pop(AttemptOutcome.RUNNING, 0)
         attempts = CounterMetricFamily(
             "scrapesync_attempts", "Ended sync attempts by outcome", labels=["outcome"]
         )
@@ -109,7 +110,7 @@ class ScrapesyncCollector:
                 (SyncTask.task_key == Attempt.task_key)
                 & (SyncTask.lease_token == Attempt.lease_token),
             )
-            .where(SyncTask.state == "leased", Attempt.outcome == "running")
+            .where(SyncTask.state == TaskState.LEASED, Attempt.outcome == AttemptOutcome.RUNNING)
         ).scalar_one()
         yield GaugeMetricFamily(
             "scrapesync_oldest_lease_age_seconds",
@@ -119,7 +120,7 @@ class ScrapesyncCollector:
 
         backlog = session.execute(
             select(func.count(), func.min(OutboxEvent.created_at)).where(
-                OutboxEvent.state != "delivered"
+                OutboxEvent.state != OutboxState.DELIVERED
             )
         ).one()
         yield GaugeMetricFamily(

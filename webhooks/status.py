@@ -17,16 +17,17 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, render_template, request
 
 from sync import status
+from sync.states import RunState
 from webhooks import services_of
 
 bp = Blueprint("status", __name__, template_folder="templates")
 
 STATE_COLOURS = {
-    "collecting": "#6b7280",
-    "candidate": "#b45309",
-    "accepted": "#2563eb",
-    "published": "#15803d",
-    "rejected": "#b91c1c",
+    RunState.COLLECTING: "#6b7280",
+    RunState.CANDIDATE: "#b45309",
+    RunState.ACCEPTED: "#2563eb",
+    RunState.PUBLISHED: "#15803d",
+    RunState.REJECTED: "#b91c1c",
 }
 CHART_WIDTH = 760
 CHART_HEIGHT = 150

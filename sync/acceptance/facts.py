@@ -10,15 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from config.datasets import Dataset
+from sync.states import RunState
 
 NO_PARTITION = "(none)"
 WAITING = "waiting"
 NOTE = "note"
 SAMPLES = 3
 
-ACCEPTED = "accepted"
-REJECTED = "rejected"
-CANDIDATE = "candidate"
+ACCEPTED = RunState.ACCEPTED
+REJECTED = RunState.REJECTED
+CANDIDATE = RunState.CANDIDATE
 
 
 def percent(part: int, whole: int) -> float:
