@@ -242,7 +242,7 @@ def run_demo(
     cleanup: list[Callable[[], None]] = []
     try:
         _run(folder, records, echo, timeout, result, cleanup)
-    except DemoProblem as exc:
+    except DemoError as exc:
         result.problem = str(exc)
     finally:
         for step in reversed(cleanup):
@@ -257,7 +257,7 @@ def run_demo(
     return result
 
 
-class DemoProblem(Exception):
+class DemoError(Exception):
     """The demo could not get one of its steps done in time; the message says which."""
 
 
@@ -357,7 +357,7 @@ def _run(
             if worker is not None:
                 worker.work(burst=True, logging_level="WARNING")
             if time.monotonic() > deadline:
-                raise DemoProblem(f"timed out waiting for {what}")
+                raise DemoError(f"timed out waiting for {what}")
             time.sleep(0.05)
 
     outcome = launch.launch(services, "products")
@@ -395,7 +395,7 @@ def _run(
     settle("acceptance", lambda: run_state() in (RunState.PUBLISHED, RunState.REJECTED))
     state = run_state()
     if state != RunState.PUBLISHED:
-        raise DemoProblem(f"run {run_id} was {state}, not published")
+        raise DemoError(f"run {run_id} was {state}, not published")
     echo(f"4. run {run_id} accepted and published")
     settle(
         "the announcement",
@@ -409,7 +409,7 @@ def _run(
         f"signatures {'valid' if signed else 'INVALID'}"
     )
     if not signed:
-        raise DemoProblem("the receiver got an announcement with a wrong signature")
+        raise DemoError("the receiver got an announcement with a wrong signature")
 
     report = reconcile.reconcile(services)
     settle("the reconcile's work", quiet)
@@ -430,5 +430,5 @@ def _run(
     echo(f"manifest: {written.manifest_path}")
     echo(f"logs:     {folder / 'scrapesync.log'} (JSON lines: notifications, attempts, deliveries)")
     if isinstance(dispatcher, InProcessQueue) and dispatcher.failures:
-        raise DemoProblem(f"worker jobs failed: {', '.join(dispatcher.failures)}")
+        raise DemoError(f"worker jobs failed: {', '.join(dispatcher.failures)}")
     result.ok = True

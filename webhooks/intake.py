@@ -42,7 +42,7 @@ JOB_ID = re.compile(r"[0-9]{1,18}")  # ASCII digits only: "²" or "١٢٣" is no
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 
 
-class BadNotification(Exception):
+class BadNotificationError(Exception):
     """The body is not a notification Cloud could have sent; the message says why."""
 
 
@@ -78,37 +78,37 @@ def _media_fields() -> dict[str, Any] | None:
                 max_num_fields=MAX_FIELDS,
             )
         except (UnicodeDecodeError, ValueError) as exc:
-            raise BadNotification(f"the form is not valid UTF-8 URL encoding: {exc}") from None
+            raise BadNotificationError(f"the form is not valid UTF-8 URL encoding: {exc}") from None
         return dict(pairs)
     if mimetype == "multipart/form-data":
         _body()
         try:
             return {k: v for k, v in request.form.items()}
         except (ValueError, UnicodeError) as exc:
-            raise BadNotification(f"the multipart form is malformed: {exc}") from None
+            raise BadNotificationError(f"the multipart form is malformed: {exc}") from None
     if mimetype == "application/json" or mimetype.endswith("+json"):
         raw = _body().removeprefix(b"\xef\xbb\xbf")
         try:
             body = orjson.loads(raw)  # depth-limited; refuses lone surrogates and bad UTF-8
         except orjson.JSONDecodeError as exc:
-            raise BadNotification(f"the body is not valid JSON: {exc}") from None
+            raise BadNotificationError(f"the body is not valid JSON: {exc}") from None
         return body if isinstance(body, dict) else None
     return None
 
 
 def _text(name: str, value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise BadNotification(f"{name} must be text or a whole number")
+        raise BadNotificationError(f"{name} must be text or a whole number")
     text = str(value)
     limit = LIMITS.get(name, FIELD_LIMIT)
     if len(text) > limit:
-        raise BadNotification(f"{name} is longer than {limit} characters")
+        raise BadNotificationError(f"{name} is longer than {limit} characters")
     if "\x00" in text:
-        raise BadNotification(f"{name} contains a NUL character")
+        raise BadNotificationError(f"{name} contains a NUL character")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise BadNotification(f"{name} contains a lone surrogate") from None
+        raise BadNotificationError(f"{name} contains a lone surrogate") from None
     return text
 
 
@@ -122,8 +122,8 @@ def parse(body: dict[str, Any]) -> Parsed:
                 fields[name] = _text(name, body[name])
         job = fields.get("scrapingjob_id", "").strip()
         if not JOB_ID.fullmatch(job) or int(job) == 0:
-            raise BadNotification("scrapingjob_id missing or not a number")
-    except BadNotification as exc:
+            raise BadNotificationError("scrapingjob_id missing or not a number")
+    except BadNotificationError as exc:
         return Parsed(_printable(body), str(exc))
     return Parsed(fields)
 
@@ -171,7 +171,7 @@ def notification(token: str) -> Any:
     now = services.clock()
     try:
         body = _media_fields()
-    except BadNotification as exc:
+    except BadNotificationError as exc:
         return _rejected(Parsed({}, str(exc)), now)
     except HTTPException:  # 413 for a body over the limit, chunked or not
         raise
