@@ -9,6 +9,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from config.columns import (
+    DEFAULT_MAX_CHANGES_PER_EVENT,
+    MAX_DATASET_NAME,
+    Column,
+    ColumnsError,
+    Watch,
+    parse_columns,
+    parse_positive,
+    parse_watch,
+)
+
 WINDOWS = ("daily", "weekly", "job")
 POLICIES = ("reject", "publish_passing")
 PARSERS = ("number", "integer", "url", "nonempty")
@@ -78,6 +89,13 @@ class Dataset:
     policy: str = "reject"
     quality: Quality = field(default_factory=Quality)
     destinations: tuple[Destination, ...] = ()
+    # the typed columns of the dataset's tables (none named: every field is a text column)
+    columns: tuple[Column, ...] = ()
+    # the columns whose changes the change feed reports (none named: every column's)
+    watch: tuple[Watch, ...] = ()
+    # how many collection windows of observations to keep (None: all of them)
+    retain_windows: int | None = None
+    max_changes_per_event: int = DEFAULT_MAX_CHANGES_PER_EVENT
 
     def matches_sitemap(self, sitemap_id: int | None, sitemap_name: str | None) -> bool:
         """Whether a Cloud job of this sitemap belongs to this dataset."""
@@ -202,10 +220,19 @@ def _dataset(source: str, name: str, raw: Any) -> Dataset:
         "policy",
         "quality",
         "destinations",
+        "columns",
+        "watch",
+        "retain_windows",
+        "max_changes_per_event",
     }
     unknown = set(raw) - allowed
     if unknown:
         raise DatasetsFileError(f"{where} has unknown keys {sorted(unknown)}")
+    if len(name) > MAX_DATASET_NAME:
+        raise DatasetsFileError(
+            f"{where}: a dataset name is at most {MAX_DATASET_NAME} characters (it names the "
+            "dataset's SQL tables)"
+        )
     if "entity_key" not in raw:
         raise DatasetsFileError(f"{where} needs entity_key (the fields that identify a record)")
     if "sitemap" not in raw and "sitemap_id" not in raw:
@@ -232,6 +259,18 @@ def _dataset(source: str, name: str, raw: Any) -> Dataset:
     destinations = raw.get("destinations", [])
     if not isinstance(destinations, list):
         raise DatasetsFileError(f"{where}.destinations must be an array of tables")
+    try:
+        columns = parse_columns(f"{where}.columns", raw.get("columns"))
+        watch = parse_watch(f"{where}.watch", raw.get("watch"), columns)
+        retain_windows = parse_positive(f"{where}.retain_windows", raw.get("retain_windows"), None)
+        max_changes = parse_positive(
+            f"{where}.max_changes_per_event",
+            raw.get("max_changes_per_event"),
+            DEFAULT_MAX_CHANGES_PER_EVENT,
+        )
+    except ColumnsError as exc:
+        raise DatasetsFileError(str(exc)) from None
+    assert max_changes is not None
     return Dataset(
         name=name,
         entity_key=entity_key,
@@ -252,6 +291,10 @@ def _dataset(source: str, name: str, raw: Any) -> Dataset:
         destinations=tuple(
             _destination(f"{where}.destinations[{i}]", d) for i, d in enumerate(destinations)
         ),
+        columns=columns,
+        watch=watch,
+        retain_windows=retain_windows,
+        max_changes_per_event=max_changes,
     )
 
 

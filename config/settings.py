@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,7 @@ from types import MappingProxyType
 DEFAULT_DATABASE_URL = "sqlite:///scrapesync.db"
 DEFAULT_API_URL = "https://api.webscraper.io/api/v1/"
 DEFAULT_DATASETS_PATH = "config/datasets.toml"
+_SCHEMA_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 # What a deployment (release, web and worker against PostgreSQL and Redis) cannot do without, and
 # why. ``app.json`` declares each one (or an add-on provides it); ``scrapesync doctor`` checks them.
@@ -35,6 +37,15 @@ def normalise_database_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def _schema(name: str) -> str:
+    if not _SCHEMA_NAME.match(name):
+        raise ConfigError(
+            "SCRAPESYNC_DATA_SCHEMA must be a plain SQL name (lower case letters, digits and "
+            f"underscores, starting with a letter), got {name!r}"
+        )
+    return name
 
 
 def _number(env: Mapping[str, str], name: str, default: float) -> float:
@@ -78,6 +89,12 @@ class Settings:
     hold_at: str | None = None
     hold_file: str | None = None
     hold_seconds: float = 600.0
+    # the PostgreSQL schema of the datasets' typed tables (SQLite prefixes their names instead)
+    data_schema: str = "datasets"
+    # days kept of notifications, attempts and delivered outbox events (0: keep all)
+    notifications_retention_days: float = 90.0
+    attempts_retention_days: float = 90.0
+    outbox_retention_days: float = 30.0
     environment: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -114,6 +131,12 @@ class Settings:
             hold_at=env.get("SCRAPESYNC_HOLD_AT") or None,
             hold_file=env.get("SCRAPESYNC_HOLD_FILE") or None,
             hold_seconds=_number(env, "SCRAPESYNC_HOLD_SECONDS", 600.0),
+            data_schema=_schema(env.get("SCRAPESYNC_DATA_SCHEMA") or "datasets"),
+            notifications_retention_days=_number(
+                env, "SCRAPESYNC_NOTIFICATIONS_RETENTION_DAYS", 90.0
+            ),
+            attempts_retention_days=_number(env, "SCRAPESYNC_ATTEMPTS_RETENTION_DAYS", 90.0),
+            outbox_retention_days=_number(env, "SCRAPESYNC_OUTBOX_RETENTION_DAYS", 30.0),
             environment=dict(env),
         )
 

@@ -1,0 +1,214 @@
+"""Casting scraped values to a column's type, the way scraped values are written.
+
+A cast never raises: it gives the typed value, or ``None`` and a :class:`CastFailure` that says
+which column, the raw value and why. An empty value (missing, ``null``, blank text, an empty
+list) is NULL and no failure.
+
+=========  ==========================================  =================================
+type       accepts                                     examples
+=========  ==========================================  =================================
+text       any value; numbers and booleans as JSON     ``12`` -> ``"12"``
+           text, lists and objects as JSON
+integer    whole numbers, with grouping marks          ``"1,200"`` -> 1200, ``"3 pcs"`` fails
+numeric    numbers with currency signs or codes and    ``"$1,299.00"`` -> 1299.00
+           grouping; ``decimal = ","`` for sites       ``"1 299,99 €"`` -> 1299.99
+           that write a decimal comma
+boolean    true/false, yes/no, y/n, on/off, 1/0        ``"Yes"`` -> true
+timestamp  ISO 8601 (a date alone is midnight UTC,     ``"2026-12-03T10:00:00+01:00"``
+           no offset is UTC), Unix seconds             ``1764756000``
+json       any value, kept as JSON                     ``["a", "b"]``
+=========  ==========================================  =================================
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, date, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import orjson
+
+from config.columns import Column
+
+RAW_KEPT = 200  # characters of a raw value kept with its failure
+_SIGNS = "$€£¥₹₽₩¢"
+_CURRENCY_AROUND = re.compile(
+    rf"^(?:(?:[A-Z]{{3}}|US\$|R\$|kr|zł|[{_SIGNS}])\s*)?(.*?)(?:\s*(?:[A-Z]{{3}}|kr|zł|[{_SIGNS}]))?$"
+)
+_GROUP_SPACE = re.compile(r"(?<=\d)[\s\u00a0\u202f'\u2019](?=\d{3}(?!\d))")
+_POINT_DECIMAL = re.compile(r"^[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?$")
+_COMMA_DECIMAL = re.compile(r"^[+-]?(?:\d{1,3}(?:\.\d{3})+|\d+)?(?:,\d+)?$")
+_TRUE = frozenset({"true", "yes", "y", "on", "1"})
+_FALSE = frozenset({"false", "no", "n", "off", "0"})
+
+
+@dataclass(frozen=True)
+class CastFailure:
+    """A value that did not cast: the column, the raw value (cut to ``RAW_KEPT`` characters when
+    it is text) and why."""
+
+    column: str
+    raw: Any
+    why: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The failure as kept on the row (``cast_failures``)."""
+        return {"column": self.column, "raw": self.raw, "why": self.why}
+
+
+def is_empty(value: Any) -> bool:
+    """Whether a value is no value at all: NULL in any column, and never a failure."""
+    if value is None:
+        return True
+    if isinstance(value, str):
+        return not value.strip()
+    return isinstance(value, list | dict) and not value
+
+
+def cast(column: Column, value: Any) -> tuple[Any, CastFailure | None]:
+    """``value`` as ``column``'s type, or ``(None, failure)`` when it does not read as one."""
+    if is_empty(value):
+        return None, None
+    try:
+        return _CASTS[column.type](column, value), None
+    except _RefusedError as refused:
+        kept = value[:RAW_KEPT] if isinstance(value, str) else value
+        return None, CastFailure(column.name, kept, str(refused))
+
+
+def cast_record(
+    columns: tuple[Column, ...], record: dict[str, Any]
+) -> tuple[dict[str, Any], list[CastFailure]]:
+    """Every column's value from one record's fields, with the failures."""
+    values: dict[str, Any] = {}
+    failures: list[CastFailure] = []
+    for column in columns:
+        value, failure = cast(column, record.get(column.field))
+        values[column.name] = value
+        if failure is not None:
+            failures.append(failure)
+    return values, failures
+
+
+def to_json(value: Any) -> Any:
+    """A typed value as JSON would carry it (change feed, ``diff --json``): numerics as numbers
+    (integral ones as integers), timestamps as ISO 8601 text."""
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).isoformat()
+    return value
+
+
+class _RefusedError(ValueError):
+    """A value that does not read as the column's type; the message says why."""
+
+
+def _text(column: Column, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError:  # integers beyond 64 bits
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def _number_text(column: Column, value: str) -> str:
+    """Scraped number text in plain form (``-1234.5``): currency and grouping removed, the
+    column's decimal mark read as the point."""
+    text = value.strip()
+    match = _CURRENCY_AROUND.match(text)
+    if match:
+        text = match.group(1)
+    text = _GROUP_SPACE.sub("", text.strip())
+    if text.startswith("(") and text.endswith(")"):  # accounting negative: (12.50)
+        text = "-" + text[1:-1]
+    pattern = _COMMA_DECIMAL if column.decimal == "," else _POINT_DECIMAL
+    if not text or not pattern.match(text) or not any(c.isdigit() for c in text):
+        mark = "decimal comma" if column.decimal == "," else "decimal point"
+        raise _RefusedError(f"not a number (read with a {mark})")
+    if column.decimal == ",":
+        return text.replace(".", "").replace(",", ".")
+    return text.replace(",", "")
+
+
+def _numeric(column: Column, value: Any) -> Decimal:
+    if isinstance(value, bool):
+        raise _RefusedError("a boolean is not a number")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise _RefusedError("not a finite number")
+        return Decimal(repr(value))
+    if not isinstance(value, str):
+        raise _RefusedError(f"a {type(value).__name__} is not a number")
+    try:
+        number = Decimal(_number_text(column, value))
+    except InvalidOperation:
+        raise _RefusedError("not a number") from None
+    if not number.is_finite():
+        raise _RefusedError("not a finite number")
+    return number
+
+
+def _integer(column: Column, value: Any) -> int:
+    number = _numeric(column, value)
+    if number != number.to_integral_value():
+        raise _RefusedError("not a whole number")
+    return int(number)
+
+
+def _boolean(column: Column, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        word = value.strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+    raise _RefusedError("not true/false, yes/no, y/n, on/off or 1/0")
+
+
+def _timestamp(column: Column, value: Any) -> datetime:
+    if isinstance(value, bool):
+        raise _RefusedError("a boolean is not a time")
+    if isinstance(value, int | float):
+        try:
+            return datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError):
+            raise _RefusedError("Unix seconds out of range") from None
+    if not isinstance(value, str):
+        raise _RefusedError(f"a {type(value).__name__} is not a time")
+    text = value.strip()
+    try:
+        if len(text) == 10:
+            day = date.fromisoformat(text)
+            return datetime(day.year, day.month, day.day, tzinfo=UTC)
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise _RefusedError("not an ISO 8601 date or time") from None
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def _json(column: Column, value: Any) -> Any:
+    return value
+
+
+_CASTS = {
+    "text": _text,
+    "integer": _integer,
+    "numeric": _numeric,
+    "boolean": _boolean,
+    "timestamp": _timestamp,
+    "json": _json,
+}

@@ -1,0 +1,130 @@
+"""Casting scraped values to a column's type, as a user writes them in the datasets file."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from config.columns import Column
+from sync.casts import RAW_KEPT, cast, cast_record, to_json
+
+NUMERIC = Column("price", "price", "numeric")
+COMMA = Column("price", "price", "numeric", decimal=",")
+INTEGER = Column("stock", "stock", "integer")
+
+
+@pytest.mark.parametrize(
+    ("column", "raw", "expected"),
+    [
+        (NUMERIC, "$1,299.00", Decimal("1299.00")),
+        (NUMERIC, "12.5", Decimal("12.5")),
+        (NUMERIC, "USD 9.99", Decimal("9.99")),
+        (NUMERIC, "(12.50)", Decimal("-12.50")),
+        (NUMERIC, 3, Decimal(3)),
+        (NUMERIC, 2.5, Decimal("2.5")),
+        (COMMA, "1 299,99 €", Decimal("1299.99")),
+        (COMMA, "1.299,99", Decimal("1299.99")),
+        (COMMA, "12,5", Decimal("12.5")),
+        (INTEGER, "1,200", 1200),
+        (INTEGER, "1 200", 1200),
+        (INTEGER, 4.0, 4),
+        (Column("b", "b", "boolean"), "Yes", True),
+        (Column("b", "b", "boolean"), "off", False),
+        (Column("b", "b", "boolean"), 1, True),
+        (Column("t", "t", "timestamp"), "2026-12-03", datetime(2026, 12, 3, tzinfo=UTC)),
+        (
+            Column("t", "t", "timestamp"),
+            "2026-12-03T10:00:00+01:00",
+            datetime(2026, 12, 3, 9, tzinfo=UTC),
+        ),
+        (Column("t", "t", "timestamp"), "2026-12-03 10:00", datetime(2026, 12, 3, 10, tzinfo=UTC)),
+        (Column("t", "t", "timestamp"), 0, datetime(1970, 1, 1, tzinfo=UTC)),
+        (Column("x", "x", "text"), 12, "12"),
+        (Column("x", "x", "text"), True, "true"),
+        (Column("x", "x", "text"), {"b": 1, "a": 2}, '{"a":2,"b":1}'),
+        (Column("j", "j", "json"), ["a", "b"], ["a", "b"]),
+    ],
+)
+def test_scraped_values_cast(column: Column, raw: Any, expected: Any) -> None:
+    """The documented examples read as the documented values."""
+    assert cast(column, raw) == (expected, None)
+
+
+@pytest.mark.parametrize(
+    ("column", "raw", "why"),
+    [
+        (NUMERIC, "n/a", "not a number"),
+        (NUMERIC, "1,2", "not a number"),
+        (NUMERIC, True, "a boolean is not a number"),
+        (NUMERIC, float("nan"), "not a finite number"),
+        (COMMA, "12.5", "decimal comma"),
+        (INTEGER, "3.5", "not a whole number"),
+        (INTEGER, "3 pcs", "not a number"),
+        (Column("b", "b", "boolean"), "maybe", "not true/false"),
+        (Column("t", "t", "timestamp"), "yesterday", "not an ISO 8601"),
+    ],
+)
+def test_a_value_that_does_not_cast_is_null_with_the_failure_kept(
+    column: Column, raw: Any, why: str
+) -> None:
+    """The column is NULL; the failure names the column, keeps the raw value and says why."""
+    value, failure = cast(column, raw)
+    assert value is None
+    assert failure is not None
+    assert failure.column == column.name
+    assert failure.raw == raw or failure.raw != failure.raw  # NaN is not equal to itself
+    assert why in failure.why
+    assert set(failure.as_dict()) == {"column", "raw", "why"}
+
+
+@pytest.mark.parametrize("raw", [None, "", "   ", [], {}])
+def test_an_empty_value_is_null_and_no_failure(raw: Any) -> None:
+    """Missing and blank values are NULL in every type, and never counted as failures."""
+    for kind in ("text", "integer", "numeric", "boolean", "timestamp", "json"):
+        assert cast(Column("c", "c", kind), raw) == (None, None)
+
+
+def test_a_long_raw_value_is_cut() -> None:
+    """A failure keeps at most RAW_KEPT characters of the raw value."""
+    _, failure = cast(NUMERIC, "x" * 10_000)
+    assert failure is not None
+    assert len(failure.raw) == RAW_KEPT
+
+
+def test_a_record_casts_each_column_from_its_field() -> None:
+    """Columns read their own field; a failure in one leaves the others."""
+    columns = (NUMERIC, Column("in_stock", "availability", "boolean"), Column("t", "title"))
+    values, failures = cast_record(columns, {"price": "n/a", "availability": "yes", "title": "A"})
+    assert values == {"price": None, "in_stock": True, "t": "A"}
+    assert [f.as_dict() for f in failures] == [
+        {"column": "price", "raw": "n/a", "why": "not a number (read with a decimal point)"}
+    ]
+
+
+def test_typed_values_as_json() -> None:
+    """The change feed carries numerics as numbers and timestamps as ISO text."""
+    assert to_json(Decimal("1299.00")) == 1299
+    assert to_json(Decimal("12.5")) == 12.5
+    assert to_json(datetime(2026, 12, 3, tzinfo=UTC)) == "2026-12-03T00:00:00+00:00"
+    assert to_json("a") == "a"
+
+
+@given(st.decimals(allow_nan=False, allow_infinity=False, places=2, max_value=10**9))
+def test_a_plain_number_reads_back_as_itself(number: Decimal) -> None:
+    """Any plain decimal written as text casts to the same number, grouped or not."""
+    assert cast(NUMERIC, str(number))[0] == number
+    assert cast(NUMERIC, f"{number:,}")[0] == number
+    assert cast(COMMA, f"{number:,}".replace(",", " ").replace(".", ","))[0] == number
+
+
+@given(st.one_of(st.text(), st.integers(), st.floats(), st.booleans(), st.none()))
+def test_a_cast_never_raises(raw: Any) -> None:
+    """Whatever a site writes, every type gives a value or a failure, never an exception."""
+    for kind in ("text", "integer", "numeric", "boolean", "timestamp", "json"):
+        value, failure = cast(Column("c", "c", kind), raw)
+        assert failure is None or value is None
