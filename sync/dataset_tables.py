@@ -1,0 +1,184 @@
+"""The SQL objects of each dataset: its published run, the history of its values and what
+changed at each publication.
+
+On PostgreSQL they live in a schema of their own (``SCRAPESYNC_DATA_SCHEMA``, default
+``datasets``): ``datasets.products``, ``datasets.products_history``, ``datasets.products_changes``.
+On SQLite, which has no schemas, the same tables are named ``datasets_products``,
+``datasets_products_history`` and ``datasets_products_changes``. Every name is made here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Index,
+    Integer,
+    MetaData,
+    Numeric,
+    String,
+    Table,
+    Text,
+    text,
+)
+from sqlalchemy import Column as SQLColumn
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator, TypeEngine
+
+from config.columns import Column
+from sync.models import Payload
+
+SQLITE_PREFIX = "datasets_"
+HISTORY_SUFFIX = "_history"
+CHANGES_SUFFIX = "_changes"
+
+
+class Timestamp(TypeDecorator[datetime]):
+    """A point in time: ``timestamp with time zone`` on PostgreSQL (what BI tools expect),
+    naive UTC on SQLite; read back timezone-aware in UTC on both."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == "postgresql":
+            return dialect.type_descriptor(DateTime(timezone=True))
+        return dialect.type_descriptor(DateTime())
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are ambiguous; pass a timezone-aware one")
+        value = value.astimezone(UTC)
+        return value if dialect.name == "postgresql" else value.replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+SQL_TYPES: dict[str, Any] = {
+    "text": Text,
+    "integer": BigInteger,
+    "numeric": lambda: Numeric(asdecimal=True),
+    "boolean": Boolean,
+    "timestamp": Timestamp,
+    "json": lambda: Payload,
+}
+
+
+def sql_type(column: Column) -> Any:
+    """The SQL type of a typed column."""
+    return SQL_TYPES[column.type]()
+
+
+def comment_for(column: Column) -> str:
+    """The column comment BI tools show: the record field it is cast from, and its type."""
+    return f"from field {column.field!r} as {column.type}"
+
+
+@dataclass(frozen=True)
+class DatasetTables:
+    """One dataset's three tables, built for its columns on one kind of database."""
+
+    dataset: str
+    columns: tuple[Column, ...]
+    schema: str | None
+    current: Table
+    history: Table
+    changes: Table
+
+    @property
+    def metadata(self) -> MetaData:
+        """The metadata the three tables belong to (and nothing else does)."""
+        return self.current.metadata
+
+    def qualified(self, table: Table) -> str:
+        """The name a user types in SQL: ``datasets.products`` or ``datasets_products``."""
+        return f"{table.schema}.{table.name}" if table.schema else table.name
+
+
+def base_name(dataset: str, *, dialect: str) -> str:
+    """The name of a dataset's current table, without its schema."""
+    return dataset if dialect == "postgresql" else f"{SQLITE_PREFIX}{dataset}"
+
+
+def tables_for(
+    dataset: str, columns: tuple[Column, ...], *, dialect: str, schema: str
+) -> DatasetTables:
+    """The dataset's tables with ``columns``, named for ``dialect`` (``schema`` is PostgreSQL's)."""
+    in_schema = schema if dialect == "postgresql" else None
+    metadata = MetaData(schema=in_schema)
+    name = base_name(dataset, dialect=dialect)
+    identity = BigInteger().with_variant(Integer, "sqlite")
+
+    def typed() -> list[SQLColumn[Any]]:
+        return [SQLColumn(c.name, sql_type(c), comment=comment_for(c)) for c in columns]
+
+    current = Table(
+        name,
+        metadata,
+        SQLColumn("entity_key", Text, primary_key=True, comment="the entity's stable key"),
+        *typed(),
+        SQLColumn("partition", Text, comment="the partition the row was published in"),
+        SQLColumn("run_id", String(200), nullable=False, comment="the run the row comes from"),
+        SQLColumn("collection_window", String(40), nullable=False),
+        SQLColumn("first_seen_at", Timestamp, nullable=False),
+        SQLColumn("last_changed_at", Timestamp, nullable=False),
+        SQLColumn("cast_failures", Payload, comment="values that failed their cast"),
+        SQLColumn("payload_hash", String(64), nullable=False),
+        Index(f"ix_{name}_run_id", "run_id"),
+        comment=f"the published run of dataset {dataset!r}, one row per entity",
+    )
+    history = Table(
+        f"{name}{HISTORY_SUFFIX}",
+        metadata,
+        SQLColumn("id", identity, primary_key=True, autoincrement=True),
+        SQLColumn("entity_key", Text, nullable=False),
+        *typed(),
+        SQLColumn("partition", Text),
+        SQLColumn("run_id", String(200), nullable=False, comment="the run that opened it"),
+        SQLColumn("valid_from", Timestamp, nullable=False, comment="start of its first window"),
+        SQLColumn("valid_to", Timestamp, comment="start of the window it ended (NULL: current)"),
+        SQLColumn("closed_by_run_id", String(200), comment="the run that ended it"),
+        SQLColumn("payload_hash", String(64), nullable=False),
+        Index(f"ix_{name}_history_entity", "entity_key", "valid_from"),
+        Index(
+            f"uq_{name}_history_open",
+            "entity_key",
+            unique=True,
+            postgresql_where=text("valid_to IS NULL"),
+            sqlite_where=text("valid_to IS NULL"),
+        ),
+        comment=f"dataset {dataset!r}: one row per entity per stretch of unchanged values",
+    )
+    changes = Table(
+        f"{name}{CHANGES_SUFFIX}",
+        metadata,
+        SQLColumn("id", identity, primary_key=True, autoincrement=True),
+        SQLColumn("run_id", String(200), nullable=False, comment="the publication's run"),
+        SQLColumn("previous_run_id", String(200), comment="the run published before it"),
+        SQLColumn("entity_key", Text, nullable=False),
+        SQLColumn("kind", String(10), nullable=False, comment="added, removed or changed"),
+        SQLColumn("column_name", Text, comment="the changed column (changed rows only)"),
+        SQLColumn("before", Payload, comment="the value before (removed: the row)"),
+        SQLColumn("after", Payload, comment="the value after (added: the row)"),
+        SQLColumn("created_at", Timestamp, nullable=False),
+        Index(f"ix_{name}_changes_run", "run_id"),
+        comment=f"dataset {dataset!r}: what each publication added, removed and changed",
+    )
+    return DatasetTables(
+        dataset=dataset,
+        columns=columns,
+        schema=in_schema,
+        current=current,
+        history=history,
+        changes=changes,
+    )

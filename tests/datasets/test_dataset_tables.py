@@ -1,0 +1,59 @@
+"""Each dataset's tables: their names on each database and their typed columns."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+from sqlalchemy import create_engine, insert, inspect, select
+
+from config.columns import Column
+from sync.dataset_tables import tables_for
+
+COLUMNS = (
+    Column("price", "price", "numeric"),
+    Column("title", "title"),
+    Column("seen", "seen", "timestamp"),
+)
+
+
+def test_postgresql_names_live_in_the_data_schema() -> None:
+    """datasets.products, datasets.products_history, datasets.products_changes."""
+    tables = tables_for("products", COLUMNS, dialect="postgresql", schema="datasets")
+    assert [tables.qualified(t) for t in (tables.current, tables.history, tables.changes)] == [
+        "datasets.products",
+        "datasets.products_history",
+        "datasets.products_changes",
+    ]
+    assert tables.current.c.price.comment == "from field 'price' as numeric"
+
+
+def test_sqlite_names_carry_a_prefix_and_types_round_trip() -> None:
+    """SQLite has no schemas: datasets_products. Numerics and timestamps read back typed."""
+    tables = tables_for("products", COLUMNS, dialect="sqlite", schema="datasets")
+    assert tables.qualified(tables.current) == "datasets_products"
+    engine = create_engine("sqlite://")
+    tables.metadata.create_all(engine)
+    assert set(inspect(engine).get_table_names()) == {
+        "datasets_products",
+        "datasets_products_history",
+        "datasets_products_changes",
+    }
+    now = datetime(2026, 12, 3, 10, tzinfo=UTC)
+    with engine.begin() as connection:
+        connection.execute(
+            insert(tables.current).values(
+                entity_key="s1",
+                price=Decimal("12.50"),
+                title="A",
+                seen=now,
+                run_id="products-2026-12-03",
+                collection_window="2026-12-03",
+                first_seen_at=now,
+                last_changed_at=now,
+                payload_hash="0" * 64,
+            )
+        )
+        row = connection.execute(select(tables.current)).one()
+    assert row.price == Decimal("12.50")
+    assert row.seen == now
