@@ -164,6 +164,7 @@ def tables_for(
         metadata,
         SQLColumn("id", identity, primary_key=True, autoincrement=True),
         SQLColumn("run_id", String(200), nullable=False, comment="the publication's run"),
+        SQLColumn("revision", Integer, nullable=False, comment="the run's revision published"),
         SQLColumn("previous_run_id", String(200), comment="the run published before it"),
         SQLColumn("entity_key", Text, nullable=False),
         SQLColumn("kind", String(10), nullable=False, comment="added, removed or changed"),
@@ -171,7 +172,7 @@ def tables_for(
         SQLColumn("before", Payload, comment="the value before (removed: the row)"),
         SQLColumn("after", Payload, comment="the value after (added: the row)"),
         SQLColumn("created_at", Timestamp, nullable=False),
-        Index(f"ix_{name}_changes_run", "run_id"),
+        Index(f"ix_{name}_changes_run", "run_id", "revision"),
         comment=f"dataset {dataset!r}: what each publication added, removed and changed",
     )
     return DatasetTables(
