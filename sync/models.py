@@ -1,5 +1,6 @@
 """The system of record: runs, scraping jobs, the inbox, sync tasks, attempts, observations,
-partition verdicts, the outbox and its deliveries, publications, launches and run profiles."""
+partition verdicts, the outbox and its deliveries, publications, the datasets' typed columns,
+launches and run profiles."""
 
 from __future__ import annotations
 
@@ -314,6 +315,9 @@ class Publication(Base):
     published_at: Mapped[datetime] = mapped_column(default=utcnow)
     superseded_at: Mapped[datetime | None]
     event_id: Mapped[str | None] = mapped_column(String(100))
+    # what this publication changed for readers: {"added", "removed", "changed": counts,
+    # "baseline": the dataset's first publication, "previous_run_id"}
+    changes: Mapped[dict[str, Any] | None]
 
     __table_args__ = (
         Index(
@@ -324,6 +328,20 @@ class Publication(Base):
             sqlite_where=text("is_current"),
         ),
     )
+
+
+class DatasetColumn(Base):
+    """One typed column of a dataset's tables as they stand: its source field and type, so that
+    an upgrade knows what to add, drop or rebuild when the datasets file changes."""
+
+    __tablename__ = "dataset_columns"
+
+    dataset: Mapped[str] = mapped_column(String(100), primary_key=True)
+    column_name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    field: Mapped[str] = mapped_column(Text)
+    type: Mapped[str] = mapped_column(String(20))
+    decimal: Mapped[str] = mapped_column(String(1))
+    position: Mapped[int] = mapped_column(Integer)
 
 
 class Launch(Base):
