@@ -61,6 +61,20 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+def _days(env: Mapping[str, str], name: str, default: float) -> float:
+    """A retention period in days: a number of at least 0, where 0 keeps everything."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number of days, got {raw!r}") from None
+    if not 0 <= value < float("inf"):  # NaN fails every comparison
+        raise ConfigError(f"{name} must be 0 (keep all) or a positive number of days, got {raw!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a scrapesync process reads from its environment."""
@@ -132,11 +146,11 @@ class Settings:
             hold_file=env.get("SCRAPESYNC_HOLD_FILE") or None,
             hold_seconds=_number(env, "SCRAPESYNC_HOLD_SECONDS", 600.0),
             data_schema=_schema(env.get("SCRAPESYNC_DATA_SCHEMA") or "datasets"),
-            notifications_retention_days=_number(
+            notifications_retention_days=_days(
                 env, "SCRAPESYNC_NOTIFICATIONS_RETENTION_DAYS", 90.0
             ),
-            attempts_retention_days=_number(env, "SCRAPESYNC_ATTEMPTS_RETENTION_DAYS", 90.0),
-            outbox_retention_days=_number(env, "SCRAPESYNC_OUTBOX_RETENTION_DAYS", 30.0),
+            attempts_retention_days=_days(env, "SCRAPESYNC_ATTEMPTS_RETENTION_DAYS", 90.0),
+            outbox_retention_days=_days(env, "SCRAPESYNC_OUTBOX_RETENTION_DAYS", 30.0),
             environment=dict(env),
         )
 

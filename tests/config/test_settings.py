@@ -104,3 +104,38 @@ def test_the_limits_on_clouds_exports_have_defaults_and_can_be_set() -> None:
     )
     assert (custom.max_record_line_bytes, custom.max_record_bytes) == (65536, 2048)
     assert custom.unknown_status_seconds == 600.0
+
+
+RETENTION_DAYS = (
+    "SCRAPESYNC_NOTIFICATIONS_RETENTION_DAYS",
+    "SCRAPESYNC_ATTEMPTS_RETENTION_DAYS",
+    "SCRAPESYNC_OUTBOX_RETENTION_DAYS",
+)
+
+
+def test_retention_days_default_to_ninety_ninety_and_thirty_and_zero_keeps_all() -> None:
+    """Notifications and attempts are kept 90 days and delivered events 30 by default; 0 is a
+    valid setting (keep everything) and a fraction of a day is too."""
+    settings = Settings.from_env({})
+    assert (
+        settings.notifications_retention_days,
+        settings.attempts_retention_days,
+        settings.outbox_retention_days,
+    ) == (90.0, 90.0, 30.0)
+    zero = Settings.from_env({**dict.fromkeys(RETENTION_DAYS, "0")})
+    assert (
+        zero.notifications_retention_days,
+        zero.attempts_retention_days,
+        zero.outbox_retention_days,
+    ) == (0.0, 0.0, 0.0)
+    assert Settings.from_env({RETENTION_DAYS[2]: "0.5"}).outbox_retention_days == 0.5
+
+
+@pytest.mark.parametrize("value", ["-1", "a week", "nan", "inf"])
+@pytest.mark.parametrize("name", RETENTION_DAYS)
+def test_retention_days_that_are_not_a_number_of_days_are_refused_by_name(
+    name: str, value: str
+) -> None:
+    """A negative, non-numeric or endless retention period is a start-up error naming it."""
+    with pytest.raises(ConfigError, match=name):
+        Settings.from_env({name: value})
