@@ -156,7 +156,7 @@ class Notification(Base):
     __tablename__ = "notifications"
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    received_at: Mapped[datetime] = mapped_column(default=utcnow)
+    received_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)  # retention
     remote_addr: Mapped[str | None] = mapped_column(String(64))
     form: Mapped[dict[str, Any]] = mapped_column(ScrubbedPayload)
     job_id: Mapped[int | None] = mapped_column(BigInteger, index=True)
@@ -204,7 +204,7 @@ class Attempt(Base):
     lease_token: Mapped[int] = mapped_column(Integer)
     recovery_batch: Mapped[str | None] = mapped_column(String(200))
     worker: Mapped[str] = mapped_column(String(200))
-    started_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)  # retention
     finished_at: Mapped[datetime | None]
     cloud_status: Mapped[str | None] = mapped_column(String(40))
     http_status: Mapped[int | None] = mapped_column(Integer)
@@ -280,7 +280,7 @@ class OutboxEvent(Base):
     state: Mapped[str] = mapped_column(String(20), default=OutboxState.UNSENT, index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
-    delivered_at: Mapped[datetime | None]
+    delivered_at: Mapped[datetime | None] = mapped_column(index=True)  # retention
     last_error: Mapped[str | None] = mapped_column(ScrubbedText)
 
 
