@@ -1,7 +1,8 @@
 """Maintenance that cannot stop: every worker process runs the maintenance pass on its own timer.
 
 The pass sweeps lost, expired and due sync tasks back onto the queue, queues the evaluations and
-deliveries that are due, and queues a reconcile pass once per reconcile interval. It runs in a
+deliveries that are due, queues a reconcile pass once per reconcile interval, and deletes what
+retention lets go (a few bounded batches per table; see ``sync.retention``). It runs in a
 daemon thread of each worker's main process, on a plain timer: it depends neither on RQ's
 scheduler nor on anything stored only in Redis, so a dead scheduler's lock, a flushed or
 restarted Redis, or a database restart cannot end it. Every step reads what is due from SQL and
@@ -25,7 +26,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sync import heartbeat, logs, outbox, runs, sweeper
+from sync import heartbeat, logs, outbox, retention, runs, sweeper
 from sync import reconcile as reconciliation
 from sync.bootstrap import Services
 
@@ -74,6 +75,12 @@ STEPS: tuple[tuple[str, Callable[[Services], dict[str, int] | int | bool]], ...]
     ("evaluations", runs.redrive),
     ("deliveries_due", outbox.redrive),
     ("reconcile_queued", reconciliation.schedule),
+    # retention last: what is due is queued before anything is deleted, and each table is its
+    # own step, so that one which cannot take its locks leaves the others to go on
+    ("observations_pruned", retention.prune_observations),
+    ("notifications_pruned", retention.prune_notifications),
+    ("attempts_pruned", retention.prune_attempts),
+    ("outbox_pruned", retention.prune_outbox),
 )
 
 

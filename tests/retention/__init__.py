@@ -1,0 +1,1 @@
+"""Retention: what the maintenance pass deletes and what it never touches."""
