@@ -20,9 +20,10 @@ Notifications older than ``SCRAPESYNC_NOTIFICATIONS_RETENTION_DAYS``, attempts o
 and delivered outbox events older than ``SCRAPESYNC_OUTBOX_RETENTION_DAYS`` with their
 deliveries are deleted too; 0 days keeps them all.
 
-Every DELETE removes at most ``batch_size`` rows in a transaction of its own, and a pass runs at
-most ``batches`` of them per table: no pass holds locks for long, and the next pass goes on
-where this one stopped. Each deletion checks its conditions again inside its own transaction.
+Every DELETE removes at most ``batch_size`` rows in a transaction of its own, and a pass deletes
+at most ``batches`` x ``batch_size`` rows per table: no pass holds locks for long, and the next
+pass goes on where this one stopped. Each deletion checks its conditions again inside its own
+transaction.
 """
 
 from __future__ import annotations
