@@ -428,6 +428,32 @@ def export_command(dataset: str, run_id: str | None, fmt: str, out: str | None) 
     echo(f"{result.manifest_path}")
 
 
+@click.command("diff")
+@click.argument("dataset")
+@click.option(
+    "--from", "from_run", help="The earlier run (default: the one published before --to)."
+)
+@click.option("--to", "to_run", help="The later run (default: the one published last).")
+@click.option("--json", "as_json", is_flag=True, help="Print the change set as one JSON object.")
+@click.option(
+    "--limit", default=20, show_default=True, help="Entries of each kind listed (not with --json)."
+)
+def diff_command(
+    dataset: str, from_run: str | None, to_run: str | None, as_json: bool, limit: int
+) -> None:
+    """What changed in DATASET between two published runs: entities added, removed, changed."""
+    from sync import diff
+
+    try:
+        result = diff.diff(_services(), dataset, from_run=from_run, to_run=to_run)
+    except diff.DiffError as exc:
+        raise CommandError(str(exc)) from None
+    if as_json:
+        echo_json(result.changes.as_dict())
+    else:
+        echo(diff.report(result, limit=limit))
+
+
 ALL = (
     db_group,
     sync_command,
@@ -440,4 +466,5 @@ ALL = (
     simulator_command,
     demo_command,
     export_command,
+    diff_command,
 )

@@ -1,0 +1,36 @@
+"""Which typed columns a dataset's data has: the ones its datasets file names, or, for a dataset
+that names none, the ones its tables were built with (the ``dataset_columns`` registry), or else
+one ``text`` column per field of its records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from config.columns import Column, default_columns
+from config.datasets import Dataset
+from sync.models import DatasetColumn
+
+
+def registered_columns(session: Session, dataset: str) -> tuple[Column, ...]:
+    """The columns the registry says the dataset's tables hold, in table order."""
+    rows = session.execute(
+        select(DatasetColumn)
+        .where(DatasetColumn.dataset == dataset)
+        .order_by(DatasetColumn.position, DatasetColumn.column_name)
+    ).scalars()
+    return tuple(
+        Column(name=r.column_name, field=r.field, type=r.type, decimal=r.decimal) for r in rows
+    )
+
+
+def columns_of(
+    session: Session, dataset: Dataset, fields: Iterable[str] = ()
+) -> tuple[Column, ...]:
+    """The dataset's typed columns: those of its datasets file; with none named, the registry's;
+    with an empty registry, one text column per field in ``fields``."""
+    if dataset.columns:
+        return dataset.columns
+    return registered_columns(session, dataset.name) or default_columns(fields)
