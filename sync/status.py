@@ -171,6 +171,13 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
             select(Publication.run_id).where(Publication.is_current.is_(True))
         ).scalars()
     )
+    changes: dict[str, dict[str, Any] | None] = {}
+    for run_id, counted in session.execute(
+        select(Publication.run_id, Publication.changes)
+        .where(Publication.run_id.in_(ids))
+        .order_by(Publication.id)
+    ):
+        changes[run_id] = change_counts(counted)  # the run's latest publication wins
     out: list[dict[str, Any]] = []
     for run in runs:
         primary = [j for j in jobs[run.run_id] if j["recovery_batch"] is None]
@@ -184,6 +191,7 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
                 "state": run.state,
                 "revision": run.revision,
                 "published": run.run_id in current,
+                "changes": changes.get(run.run_id),
                 "reasons": [reason_text(r) for r in run.reasons or []],
                 "reason_details": [reason_detail(r) for r in run.reasons or []],
                 "created_at": _iso(run.created_at),
@@ -207,6 +215,48 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def change_counts(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A publication's change counts as shown (added, removed, changed, baseline, the run
+    before it); None for a publication made before counts were kept."""
+    if recorded is None:
+        return None
+    return {
+        "added": int(recorded.get("added") or 0),
+        "removed": int(recorded.get("removed") or 0),
+        "changed": int(recorded.get("changed") or 0),
+        "baseline": bool(recorded.get("baseline")),
+        "previous_run_id": recorded.get("previous_run_id"),
+    }
+
+
+def _publications(session: Session) -> list[dict[str, Any]]:
+    """Each dataset's last publication and what it changed for readers."""
+    last: dict[str, Publication] = {}
+    for publication in session.execute(select(Publication).order_by(Publication.id)).scalars():
+        last[publication.dataset] = publication
+    return [
+        {
+            "dataset": name,
+            "run_id": p.run_id,
+            "current": p.is_current,
+            "published_at": _iso(p.published_at),
+            "changes": change_counts(p.changes),
+        }
+        for name, p in sorted(last.items())
+    ]
+
+
+def changes_text(changes: dict[str, Any] | None) -> str:
+    """A publication's change counts in words: ``3 added, 2 removed, 4 changed since R``."""
+    if changes is None:
+        return "change counts not kept"
+    if changes["baseline"]:
+        return f"first publication, a baseline of {changes['added']} entities"
+    counts = f"{changes['added']} added, {changes['removed']} removed, {changes['changed']} changed"
+    previous = changes["previous_run_id"]
+    return f"{counts} since {previous}" if previous else counts
 
 
 def _tasks(session: Session, now: datetime) -> dict[str, Any]:
@@ -304,6 +354,7 @@ def overview(services: Services, *, limit: int = 50) -> dict[str, Any]:
         values: dict[str, Any] = {
             "generated_at": _iso(now),
             "runs": _runs(session, limit=limit),
+            "publications": _publications(session),
             "tasks": _tasks(session, now),
             "outbox": _outbox(session, now),
             "last_reconcile": _last_reconcile(session, now),
@@ -369,6 +420,11 @@ def format_table(values: dict[str, Any]) -> str:
         if notes:
             lines.append(f"{run['run_id']}:")
             lines.extend(f"  - {note}" for note in notes)
+    if values["publications"]:
+        lines.append("")
+    for p in values["publications"]:
+        state = "published" if p["current"] else "withdrawn"
+        lines.append(f"{p['dataset']}: {state} {p['run_id']} ({changes_text(p['changes'])})")
     tasks = values["tasks"]
     by_state = ", ".join(f"{n} {s}" for s, n in tasks["by_state"].items() if n) or "none"
     lines.append("")

@@ -1,8 +1,9 @@
 """The status page and its JSON twin, behind the status token.
 
-``GET /status`` is an HTML page for a person (runs with coloured states, reasons, partition
-verdicts, an inline SVG chart of records per run; no JavaScript). ``GET /api/runs`` is the same
-overview as JSON for machines. Both need ``SCRAPESYNC_STATUS_TOKEN``: as ``?token=``, as
+``GET /status`` is an HTML page for a person (each dataset's last publication with what it
+added, removed and changed; runs with coloured states, reasons, partition verdicts; an inline
+SVG chart of records per run; no JavaScript). ``GET /api/runs`` is the same overview as JSON
+for machines. Both need ``SCRAPESYNC_STATUS_TOKEN``: as ``?token=``, as
 ``Authorization: Bearer <token>``, or as the password of HTTP basic auth (any user name), so a
 browser can simply ask for it. Without a configured token the pages are off (403).
 """

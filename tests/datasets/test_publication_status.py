@@ -1,0 +1,115 @@
+"""Status shows what each dataset's last publication changed: in ``scrapesync status``, its
+JSON, the status page and ``GET /api/runs``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner
+from sqlalchemy import Engine
+
+from config.datasets import Datasets, parse_datasets
+from scrapesync.cli import main
+from sync.bootstrap import Services
+from tests.datasets.published import (
+    DATASETS_TOML,
+    A,
+    B,
+    PublishedProducts,
+    create_tables,
+    drop_tables,
+)
+from tests.datasets.test_diff import feed
+from webhooks import create_app
+
+pytestmark = pytest.mark.redis
+
+STATUS_TOKEN = "status-token-5a4b3c"
+
+
+@pytest.fixture
+def datasets() -> Datasets:
+    """Products with typed columns and watched price (1%) and title."""
+    return parse_datasets(DATASETS_TOML, source="tests")
+
+
+@pytest.fixture
+def two(services: Services, engine: Engine, datasets: Datasets) -> Iterator[PublishedProducts]:
+    """A published as the baseline, then B: 1 added, 1 removed, 2 changed."""
+    tables = create_tables(engine, services.settings.data_schema)
+    products = PublishedProducts(services.uow, tables)
+    products.run(A, "2026-12-01")
+    products.run(B, "2026-12-02")
+    products.publication(A, feed(datasets, None, A), current=False)
+    products.publication(B, feed(datasets, A, B), current=True)
+    yield products
+    drop_tables(engine, tables)
+
+
+def test_status_json_and_table_show_the_last_publications_change_counts(
+    two: PublishedProducts,
+) -> None:
+    """--json: the dataset's last publication with its counts, and each published run's own;
+    the table: one line per dataset saying what its publication changed."""
+    result = CliRunner().invoke(main, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    values = json.loads(result.output)
+    (products,) = values["publications"]
+    assert (products["dataset"], products["run_id"], products["current"]) == ("products", B, True)
+    assert products["changes"] == {
+        "added": 1,
+        "removed": 1,
+        "changed": 2,
+        "baseline": False,
+        "previous_run_id": A,
+    }
+    runs = {run["run_id"]: run for run in values["runs"]}
+    assert runs[A]["changes"] == {
+        "added": 4,
+        "removed": 0,
+        "changed": 0,
+        "baseline": True,
+        "previous_run_id": None,
+    }
+    table = CliRunner().invoke(main, ["status"])
+    assert table.exit_code == 0, table.output
+    assert f"products: published {B} (1 added, 1 removed, 2 changed since {A})" in (
+        table.output.splitlines()
+    )
+
+
+def test_a_baseline_and_a_withdrawal_read_as_such(
+    services: Services, engine: Engine, datasets: Datasets
+) -> None:
+    """The first publication is a baseline with its size; a dataset whose last publication was
+    withdrawn says so."""
+    tables = create_tables(engine, services.settings.data_schema)
+    try:
+        products = PublishedProducts(services.uow, tables)
+        products.run(A, "2026-12-01")
+        products.publication(A, feed(datasets, None, A), current=False)
+        table = CliRunner().invoke(main, ["status"])
+    finally:
+        drop_tables(engine, tables)
+    assert f"products: withdrawn {A} (first publication, a baseline of 4 entities)" in (
+        table.output.splitlines()
+    )
+
+
+def test_the_status_page_and_api_runs_carry_the_counts(
+    two: PublishedProducts, services: Services
+) -> None:
+    """/status has a row per published dataset with its counts; /api/runs the same values."""
+    settings = dataclasses.replace(services.settings, status_token=STATUS_TOKEN)
+    client = create_app(dataclasses.replace(services, settings=settings)).test_client()
+    headers = {"Authorization": f"Bearer {STATUS_TOKEN}"}
+    page = client.get("/status", headers=headers).get_data(as_text=True)
+    row = page.split('<tr class="publication" data-dataset="products">')[1].split("</tr>")[0]
+    cells = [c.split(">", 1)[1].split("<", 1)[0] for c in row.split("<td")[1:]]
+    assert cells[3:] == ["1", "1", "2", A]
+    assert B in row
+    api = client.get("/api/runs", headers=headers).json
+    assert api["publications"][0]["changes"]["changed"] == 2
