@@ -196,6 +196,13 @@ required = ["sku", "price"]
 [datasets.products.quality]
 parsers = {{ price = "number" }}
 
+[datasets.products.columns]
+sku = "text"
+title = "text"
+price = "numeric"
+url = "text"
+retailer = "text"
+
 [[datasets.products.destinations]]
 url = "{receiver_url}"
 secret_env = "{SECRET_VARIABLE}"

@@ -4,13 +4,12 @@ one ``text`` column per field of its records."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from config.columns import Column, default_columns
-from config.datasets import Dataset
 from sync.models import DatasetColumn
 
 
@@ -27,10 +26,13 @@ def registered_columns(session: Session, dataset: str) -> tuple[Column, ...]:
 
 
 def columns_of(
-    session: Session, dataset: Dataset, fields: Iterable[str] = ()
+    session: Session,
+    dataset: str,
+    declared: tuple[Column, ...],
+    fields: Callable[[], Iterable[str]] = tuple,
 ) -> tuple[Column, ...]:
-    """The dataset's typed columns: those of its datasets file; with none named, the registry's;
-    with an empty registry, one text column per field in ``fields``."""
-    if dataset.columns:
-        return dataset.columns
-    return registered_columns(session, dataset.name) or default_columns(fields)
+    """The dataset's typed columns: ``declared`` (its datasets file's); with none declared, the
+    registry's; with an empty registry, one text column per field that ``fields()`` names."""
+    if declared:
+        return declared
+    return registered_columns(session, dataset) or default_columns(fields())

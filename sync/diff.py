@@ -96,7 +96,7 @@ def diff_in(
         _published(session, dataset.name, from_run, latest)
     tables = tables_for(
         dataset.name,
-        columns_of(session, dataset),
+        columns_of(session, dataset.name, dataset.columns),
         dialect=session.get_bind().dialect.name,
         schema=schema,
     )

@@ -2,6 +2,12 @@
 one line per observation in a stable order, under a versioned file name, with a manifest (run id,
 revision, counts, hashes, time). Only observations of passing partitions are written:
 quarantined rows never appear in an export, and a run that was not accepted is refused.
+
+Both formats carry the dataset's typed columns, as its tables do: ``entity_key`` first, then
+each column in the datasets file's order (or, for a dataset that names none, one text column per
+field). A CSV header is those column names; a JSON Lines line is one object keyed by them, with
+numbers as JSON numbers and times as ISO 8601 text. A value that fails its cast is empty (CSV)
+or null (JSON); the manifest counts the failures per column.
 """
 
 from __future__ import annotations
@@ -16,14 +22,18 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import IO, Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from config.columns import Column
 from sync.acceptance.facts import NO_PARTITION
 from sync.bootstrap import Services
+from sync.casts import cast_record, to_json
+from sync.dataset_columns import columns_of
 from sync.models import Observation, PartitionVerdict, Publication, Run
 from sync.states import PartitionState, RunState, ValidationState
 
@@ -65,10 +75,12 @@ def export_dataset(
 ) -> ExportResult:
     """Write the dataset's published run (or ``run_id``) to ``out`` (default: the export dir);
     ``on_progress(written, total)`` hears how far it has come."""
+    configured = services.datasets.by_name.get(dataset)
     with services.uow.begin() as session:
         return write_export(
             session,
             dataset=dataset,
+            declared=configured.columns if configured is not None else (),
             run_id=run_id,
             fmt=fmt,
             out=out if out is not None else services.settings.export_dir,
@@ -88,11 +100,13 @@ def write_export(
     dataset: str,
     run_id: str | None,
     fmt: str,
+    declared: tuple[Column, ...] = (),
     out: Path,
     now: datetime,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
-    """Write an export inside the caller's transaction (a consistent snapshot of the run)."""
+    """Write an export inside the caller's transaction (a consistent snapshot of the run), in
+    the ``declared`` columns (none: the dataset's registered ones, or one per field)."""
     if fmt not in FORMATS:
         raise ExportError(f"format must be one of {FORMATS}, got {fmt!r}")
     current = session.execute(
@@ -117,16 +131,21 @@ def write_export(
         path = out
         manifest_path = out.with_name(f"{out.stem}.manifest.json")
     partitions: dict[str, int] = {}
+    failures: dict[str, int] = {}
     digest = hashlib.sha256()
     total = _valid_count(session, run_id) if on_progress is not None else 0
+    columns = columns_of(session, dataset, declared, lambda: _fields(session, run_id))
 
     def rows() -> Iterator[dict[str, Any]]:
         written = 0
-        for partition, payload, payload_hash in _valid_rows(session, run_id):
+        for entity_key, partition, payload, payload_hash in _valid_rows(session, run_id):
             name = partition if partition is not None else NO_PARTITION
             partitions[name] = partitions.get(name, 0) + 1
             digest.update(payload_hash.encode())
-            yield payload
+            values, failed = cast_record(columns, payload)
+            for failure in failed:
+                failures[failure.column] = failures.get(failure.column, 0) + 1
+            yield {"entity_key": entity_key, **values}
             written += 1
             if on_progress is not None and written % PROGRESS_EVERY == 0:
                 on_progress(written, total)
@@ -134,11 +153,11 @@ def write_export(
             on_progress(written, total)
 
     try:
+        header = ["entity_key", *(c.name for c in columns)]
         if fmt == "jsonl":
             _write_file(path, lambda handle: _write_jsonl(handle, rows()))
         else:
-            columns = _columns(session, run_id)
-            _write_file(path, lambda handle: _write_csv(handle, columns, rows()))
+            _write_file(path, lambda handle: _write_csv(handle, header, rows()))
         file_hash, size = _file_sha256(path)
         records = sum(partitions.values())
         quarantined = sorted(
@@ -164,6 +183,8 @@ def write_export(
             "sha256": file_hash,
             "bytes": size,
             "records_sha256": digest.hexdigest(),
+            "columns": [{"name": c.name, "field": c.field, "type": c.type} for c in columns],
+            "cast_failures": dict(sorted(failures.items())),
             "accepted_at": run.accepted_at.isoformat() if run.accepted_at else None,
             "published_at": run.published_at.isoformat() if run.published_at else None,
             "generated_at": now.isoformat(),
@@ -188,17 +209,22 @@ def write_export(
     )
 
 
-def _valid_rows(session: Session, run_id: str) -> Iterator[tuple[str | None, Any, str]]:
+def _valid_rows(session: Session, run_id: str) -> Iterator[tuple[str, str | None, Any, str]]:
     """The run's exportable observations in a stable order, the same on every database."""
     collation = "C" if session.get_bind().dialect.name == "postgresql" else "BINARY"
     stmt = (
-        select(Observation.partition, Observation.payload, Observation.payload_hash)
+        select(
+            Observation.entity_key,
+            Observation.partition,
+            Observation.payload,
+            Observation.payload_hash,
+        )
         .where(Observation.run_id == run_id, Observation.validation_state == ValidationState.VALID)
         .order_by(Observation.entity_key.collate(collation), Observation.observation_key)
         .execution_options(yield_per=2000)
     )
     for row in session.execute(stmt):
-        yield row.partition, row.payload, row.payload_hash
+        yield row.entity_key, row.partition, row.payload, row.payload_hash
 
 
 def _valid_count(session: Session, run_id: str) -> int:
@@ -209,16 +235,18 @@ def _valid_count(session: Session, run_id: str) -> int:
     ).scalar_one()
 
 
-def _columns(session: Session, run_id: str) -> list[str]:
+def _fields(session: Session, run_id: str) -> list[str]:
+    """Every field of the run's exportable records (the columns of a dataset that names none)."""
     seen: dict[str, None] = {}
-    for _partition, payload, _hash in _valid_rows(session, run_id):
+    for _key, _partition, payload, _hash in _valid_rows(session, run_id):
         seen.update(dict.fromkeys(payload))
     return sorted(seen)
 
 
 def _write_jsonl(handle: IO[bytes], rows: Iterator[dict[str, Any]]) -> None:
-    for payload in rows:
-        line = json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    for values in rows:
+        typed = {name: to_json(value) for name, value in values.items()}
+        line = json.dumps(typed, separators=(",", ":"), ensure_ascii=False)
         handle.write(line.encode() + b"\n")
 
 
@@ -232,19 +260,29 @@ def neutralise(text: str) -> str:
 
 
 def _cell(value: Any) -> str:
+    """A typed value as CSV text: numbers in plain decimal notation, true/false, ISO 8601
+    times, JSON for a json column; NULL is an empty cell."""
     if value is None:
         return ""
     if isinstance(value, str):
         return neutralise(value)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Decimal):
+        return format(value, "f")
+    if isinstance(value, datetime):
+        return str(to_json(value))
+    if isinstance(value, int):
+        return str(value)
+    return neutralise(json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
 
 
 def _write_csv(handle: IO[bytes], columns: list[str], rows: Iterator[dict[str, Any]]) -> None:
     text = io.TextIOWrapper(handle, encoding="utf-8", newline="")
     writer = csv.writer(text)
     writer.writerow([neutralise(c) for c in columns])
-    for payload in rows:
-        writer.writerow([_cell(payload.get(c)) for c in columns])
+    for values in rows:
+        writer.writerow([_cell(values.get(c)) for c in columns])
     text.flush()
     text.detach()
 

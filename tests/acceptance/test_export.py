@@ -15,7 +15,15 @@ from flask import Flask
 from scrapesync.cli import main
 from simulator import CloudState
 from sync.bootstrap import Services
-from tests.acceptance.flow import finished_job, product_records, run_id_of, settle
+from sync.models import DatasetColumn
+from tests.acceptance.flow import (
+    DATASETS_TOML,
+    finished_job,
+    product_records,
+    run_id_of,
+    settle,
+    use_datasets,
+)
 from tests.harness import notify
 
 pytestmark = pytest.mark.redis
@@ -60,7 +68,8 @@ def test_the_export_command_writes_jsonl_in_key_order_with_a_manifest(
 def test_csv_exports_the_same_records_with_a_header(
     web: Flask, services: Services, cloud: CloudState, tmp_path: Path
 ) -> None:
-    """CSV has sorted columns and the same records (same records hash) as JSON Lines."""
+    """CSV's header is the typed columns (entity_key, then one text column per field for a
+    dataset that names none), with the same records (same records hash) as JSON Lines."""
     accepted(web, services, cloud)
     target = tmp_path / "out.csv"
     result = CliRunner().invoke(
@@ -69,8 +78,10 @@ def test_csv_exports_the_same_records_with_a_header(
     assert result.exit_code == 0, result.output
     with target.open(newline="") as handle:
         rows = list(csv.DictReader(handle))
-    assert list(rows[0]) == ["price", "retailer", "sku", "title", "url"]
+    assert list(rows[0]) == ["entity_key", "price", "retailer", "sku", "title", "url"]
     assert len(rows) == 30
+    assert all(row["entity_key"] == row["sku"] for row in rows)
+    assert rows[0] == {"entity_key": rows[0]["sku"], **product_records(30)[0]}
     csv_manifest = json.loads((tmp_path / "out.manifest.json").read_text())
     assert CliRunner().invoke(main, ["export", "products", "--out", str(tmp_path)]).exit_code == 0
     jsonl_manifest = next(
@@ -98,3 +109,90 @@ def test_nothing_published_or_a_rejected_run_is_refused_with_the_reason(
     unknown = CliRunner().invoke(main, ["export", "products", "--run", "nope"])
     assert "has no run 'nope'" in unknown.output
     assert list(tmp_path.iterdir()) == []
+
+
+TYPED = DATASETS_TOML.replace(
+    '[datasets.products.quality]\nparsers = { price = "number" }\n',
+    """[datasets.products.columns]
+sku = "text"
+title = "text"
+price = "numeric"
+shop = { field = "retailer", type = "text" }
+""",
+)
+
+
+def test_exports_carry_the_typed_columns_with_cast_values(
+    web: Flask, services: Services, cloud: CloudState, tmp_path: Path
+) -> None:
+    """A dataset with columns: CSV header and JSON keys are entity_key and the columns in the
+    file's order, numerics cast ("$1,299.00" -> 1299.00), a failed cast empty or null and
+    counted per column in the manifest."""
+    services = use_datasets(services, TYPED)
+    records = product_records(100)
+    records[0]["price"] = "$1,299.00"
+    records[1]["price"] = "n/a"
+    notify(web, finished_job(cloud, records))
+    settle(services)
+    result = CliRunner().invoke(
+        main, ["export", "products", "--format", "csv", "--out", str(tmp_path / "p.csv")]
+    )
+    assert result.exit_code == 0, result.output
+    with (tmp_path / "p.csv").open(newline="") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["entity_key", "sku", "title", "price", "shop"]
+    by_key = {row[0]: row for row in rows[1:]}
+    first, second = records[0], records[1]
+    assert by_key[first["sku"]] == [
+        first["sku"],
+        first["sku"],
+        first["title"],
+        "1299.00",
+        first["retailer"],
+    ]
+    assert by_key[second["sku"]][3] == ""
+    manifest = json.loads((tmp_path / "p.manifest.json").read_text())
+    assert manifest["cast_failures"] == {"price": 1}
+    assert [c["name"] for c in manifest["columns"]] == ["sku", "title", "price", "shop"]
+    assert manifest["columns"][3] == {"name": "shop", "field": "retailer", "type": "text"}
+
+    jsonl = CliRunner().invoke(main, ["export", "products", "--out", str(tmp_path / "p.jsonl")])
+    assert jsonl.exit_code == 0, jsonl.output
+    lines = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    typed = {line["entity_key"]: line for line in lines}
+    assert list(typed[first["sku"]]) == ["entity_key", "sku", "title", "price", "shop"]
+    assert typed[first["sku"]]["price"] == 1299
+    assert typed[second["sku"]]["price"] is None
+    third = records[2]
+    assert typed[third["sku"]]["price"] == float(third["price"])
+    assert typed[third["sku"]]["shop"] == third["retailer"]
+
+
+def test_a_dataset_naming_no_columns_exports_the_columns_its_tables_hold(
+    web: Flask, services: Services, cloud: CloudState, tmp_path: Path
+) -> None:
+    """No columns in the datasets file: the registry of the dataset's tables says which text
+    columns there are, whatever other fields the records carry."""
+    accepted(web, services, cloud)
+    with services.uow.begin() as session:
+        session.query(DatasetColumn).filter(DatasetColumn.dataset == "products").delete()
+        for position, name in enumerate(("title", "sku")):
+            session.add(
+                DatasetColumn(
+                    dataset="products",
+                    column_name=name,
+                    field=name,
+                    type="text",
+                    decimal=".",
+                    position=position,
+                )
+            )
+        session.commit()
+    target = tmp_path / "registered.csv"
+    result = CliRunner().invoke(
+        main, ["export", "products", "--format", "csv", "--out", str(target)]
+    )
+    assert result.exit_code == 0, result.output
+    with target.open(newline="") as handle:
+        header = next(csv.reader(handle))
+    assert header == ["entity_key", "title", "sku"]

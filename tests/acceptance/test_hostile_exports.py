@@ -14,6 +14,7 @@ import pytest
 from click.testing import CliRunner
 from flask import Flask
 
+from config.columns import column_name_for
 from scrapesync.cli import main
 from simulator import CloudState
 from sync import destinations
@@ -49,8 +50,9 @@ def _publish_hostile(web: Flask, services: Services, cloud: CloudState) -> str:
 def test_csv_cells_and_headers_that_start_a_formula_are_neutralised(
     web: Flask, services: Services, cloud: CloudState, tmp_path: Path
 ) -> None:
-    """Text starting with = + - @ TAB or CR gets a leading quote, in cells and in the header;
-    a plain negative number stays a number."""
+    """Text starting with = + - @ TAB or CR gets a leading quote in every cell; a plain
+    negative number stays a number. The header is the dataset's column names, which a hostile
+    field name cannot make a formula of (the field "=HEADER()" is the column "header")."""
     run_id = _publish_hostile(web, services, cloud)
     result = CliRunner().invoke(
         main, ["export", "products", "--format", "csv", "--out", str(tmp_path)]
@@ -59,14 +61,13 @@ def test_csv_cells_and_headers_that_start_a_formula_are_neutralised(
     with (tmp_path / f"products.{run_id}.r1.csv").open(newline="", encoding="utf-8") as handle:
         rows = list(csv.reader(handle))
     header, body = rows[0], rows[1:]
-    assert "'=HEADER()" in header
-    assert "=HEADER()" not in header
+    assert "header" in header
+    assert all(name[:1] not in ("=", "+", "-", "@", "\t", "\r", "'") for name in header)
     assert len(body) == 12
     for hostile in (dict(zip(header, row, strict=True)) for row in body):
         for name, value in HOSTILE.items():
-            column = "'" + name if name.startswith("=") else name
             expected = value if name in ("discount", "=HEADER()") else "'" + value
-            assert hostile[column] == expected, name
+            assert hostile[column_name_for(name)] == expected, name
     for row in body:
         for cell in row:
             assert cell[:1] not in ("=", "+", "@", "\t", "\r"), cell
@@ -75,7 +76,8 @@ def test_csv_cells_and_headers_that_start_a_formula_are_neutralised(
 def test_json_lines_keep_hostile_text_byte_for_byte(
     web: Flask, services: Services, cloud: CloudState, tmp_path: Path
 ) -> None:
-    """JSON Lines are not a spreadsheet: every value and key is exported exactly as scraped."""
+    """JSON Lines are not a spreadsheet: every text value is exported exactly as scraped,
+    under its column's name, in the dataset's column order."""
     run_id = _publish_hostile(web, services, cloud)
     result = CliRunner().invoke(main, ["export", "products", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
@@ -83,9 +85,10 @@ def test_json_lines_keep_hostile_text_byte_for_byte(
     assert len(lines) == 12
     for line in lines:
         record = json.loads(line)
-        assert {name: record[name] for name in HOSTILE} == HOSTILE
-        canonical = json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-        assert canonical.encode() == line
+        assert {name: record[column_name_for(name)] for name in HOSTILE} == HOSTILE
+        assert next(iter(record)) == "entity_key"
+        compact = json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+        assert compact.encode() == line
 
 
 @pytest.mark.parametrize("where", ["inside-a-file", "unwritable"])
