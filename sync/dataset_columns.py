@@ -1,5 +1,5 @@
-"""Which typed columns a dataset's data has: the ones its datasets file names, or, for a dataset
-that names none, the ones its tables were built with (the ``dataset_columns`` registry), or else
+"""Which typed columns a dataset's data has: the ones its tables were built with (the
+``dataset_columns`` registry); before they are built, the ones its datasets file names, or else
 one ``text`` column per field of its records."""
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ def columns_of(
     declared: tuple[Column, ...],
     fields: Callable[[], Iterable[str]] = tuple,
 ) -> tuple[Column, ...]:
-    """The dataset's typed columns: ``declared`` (its datasets file's); with none declared, the
-    registry's; with an empty registry, one text column per field that ``fields()`` names."""
-    if declared:
-        return declared
-    return registered_columns(session, dataset) or default_columns(fields())
+    """The dataset's typed columns: the registry's; with none registered, ``declared`` (its
+    datasets file's), or else one text column per field that ``fields()`` names."""
+    return registered_columns(session, dataset) or declared or default_columns(fields())

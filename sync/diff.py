@@ -94,12 +94,7 @@ def diff_in(
         from_run = earlier[-1].run_id
     else:
         _published(session, dataset.name, from_run, latest)
-    tables = tables_for(
-        dataset.name,
-        columns_of(session, dataset.name, dataset.columns),
-        dialect=session.get_bind().dialect.name,
-        schema=schema,
-    )
+    tables = tables_of(session, dataset, schema)
     recorded = target.changes or {}
     if (
         target.run_id != from_run
@@ -114,6 +109,16 @@ def diff_in(
                 revision=revision,
             )
     return Diff(computed_changes(session, dataset, tables, from_run, target.run_id), stored=False)
+
+
+def tables_of(session: Session, dataset: Dataset, schema: str) -> DatasetTables:
+    """The dataset's tables with the columns they hold."""
+    return tables_for(
+        dataset.name,
+        columns_of(session, dataset.name, dataset.columns),
+        dialect=session.get_bind().dialect.name,
+        schema=schema,
+    )
 
 
 def _published(

@@ -4,10 +4,10 @@ revision, counts, hashes, time). Only observations of passing partitions are wri
 quarantined rows never appear in an export, and a run that was not accepted is refused.
 
 Both formats carry the dataset's typed columns, as its tables do: ``entity_key`` first, then
-each column in the datasets file's order (or, for a dataset that names none, one text column per
-field). A CSV header is those column names; a JSON Lines line is one object keyed by them, with
-numbers as JSON numbers and times as ISO 8601 text. A value that fails its cast is empty (CSV)
-or null (JSON); the manifest counts the failures per column.
+each column in the tables' order (the datasets file's; for a dataset that names none, one text
+column per field). A CSV header is those column names; a JSON Lines line is one object keyed
+by them, with numbers as JSON numbers and times as ISO 8601 text. A value that fails its cast
+is empty (CSV) or null (JSON); the manifest counts the failures per column.
 """
 
 from __future__ import annotations
@@ -106,7 +106,8 @@ def write_export(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> ExportResult:
     """Write an export inside the caller's transaction (a consistent snapshot of the run), in
-    the ``declared`` columns (none: the dataset's registered ones, or one per field)."""
+    the columns the dataset's tables hold (before they are built: ``declared``, or one per
+    field)."""
     if fmt not in FORMATS:
         raise ExportError(f"format must be one of {FORMATS}, got {fmt!r}")
     current = session.execute(
