@@ -223,6 +223,12 @@ class Attempt(Base):
     # the records set aside: {"partitions": {name: {reason: n}}, "unplaced": {reason: n},
     # "lines": [{"line", "reason", "detail", "partition"}, ...] (the first few)}
     invalid_detail: Mapped[dict[str, Any] | None] = mapped_column(ScrubbedPayload)
+    # what an import read (see sync.repeat): the digest of the export's lines and the rules they
+    # were read under, the digest of their first MiB, and for a byte-identical repeat the
+    # import whose outcome it repeats
+    export_digest: Mapped[str | None] = mapped_column(String(64))
+    export_prefix: Mapped[str | None] = mapped_column(String(64))
+    repeat_of: Mapped[str | None] = mapped_column(String(36))
 
 
 class Observation(Base):

@@ -3,8 +3,8 @@ collected in a temporary table and merged into observations in one statement."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -13,6 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sync.cloud.download import InvalidRecord
+from sync.identity import RecordIdentity
 from sync.models import UTCDateTime
 from sync.states import ValidationState
 
@@ -20,6 +21,7 @@ from sync.states import ValidationState
 
 PARTITION_LIMIT = 200  # the width of observations.partition and partition_verdicts.partition
 INVALID_SAMPLES = 20  # lines kept, with their numbers, in an attempt's invalid_detail
+BATCH_SIZE = 5000  # records staged per COPY
 
 
 def record_problem(
@@ -92,6 +94,60 @@ class SetAside:
         return {"partitions": self.partitions, "unplaced": self.unplaced, "lines": self.lines}
 
 
+@dataclass
+class ExportRead:
+    """What reading one export found besides the records it staged."""
+
+    read: int = 0
+    missing_key: int = 0
+    protected: int = 0
+    invalid: SetAside = field(default_factory=SetAside)
+
+
+def stage_export(
+    stager: ObservationStager,
+    records: Iterable[tuple[int, Mapping[str, Any] | InvalidRecord]],
+    identify: RecordIdentity,
+    *,
+    frozen: frozenset[str],
+    max_record_bytes: int,
+    tick: Callable[[int], None],
+) -> ExportRead:
+    """Stage every storable record of an export; set the others aside and count them.
+    ``tick`` gets the count of lines read every thousand staged records."""
+    found = ExportRead()
+    invalid = found.invalid
+    read = missing = protected = 0
+    add = stager.add
+    for line, item in records:
+        read += 1
+        if isinstance(item, InvalidRecord):
+            invalid.add(item)
+            continue
+        staged = identify(item)
+        if staged is None:
+            missing += 1
+            continue
+        if frozen and staged[2] in frozen:
+            protected += 1  # a recovery batch never rewrites a partition that passed
+            continue
+        problem = record_problem(
+            item,
+            partition=staged[2],
+            canonical=staged[4],
+            start_url=staged[3],
+            max_record_bytes=max_record_bytes,
+        )
+        if problem is not None:  # set aside and counted: one bad record never sinks a job
+            invalid.add(InvalidRecord(line, *problem, partition=staged[2]))
+            continue
+        add(*staged)
+        if read % 1000 == 0:
+            tick(read)
+    found.read, found.missing_key, found.protected = read, missing, protected
+    return found
+
+
 @dataclass(frozen=True)
 class UpsertCounts:
     """What one sync did to the observations table."""
@@ -121,7 +177,7 @@ class ObservationStager:
     new or changed (nothing is copied into a change table first), and counts what it wrote.
     """
 
-    def __init__(self, session: Session, *, batch_size: int = 5000) -> None:
+    def __init__(self, session: Session, *, batch_size: int = BATCH_SIZE) -> None:
         self.session = session
         self.conn: Connection = session.connection()
         self.postgres = self.conn.dialect.name == "postgresql"

@@ -29,10 +29,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from sync import logs, staging, store
+from sync import logs, repeat, staging, store
 from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
-from sync.cloud.download import InvalidRecord
 from sync.cloud.errors import CloudError
 from sync.cloud.jobs import CloudJob
 from sync.failures import (
@@ -133,10 +132,19 @@ def run_sync(services: Services, task_key: str, *, force: bool = False) -> SyncR
                     run_id=target.run_id,
                 )
             fingerprint = job_fingerprint(job, target.run_id)
-            if not force and fingerprint == _synced_fingerprint(services, task_key):
+            same_job = fingerprint == _synced_fingerprint(services, task_key)
+            if not force and same_job:
                 result = _commit_unchanged(services, lease, job, target, fingerprint)
             else:
-                result = _import(services, cloud, lease, job, target, fingerprint=fingerprint)
+                result = _import(
+                    services,
+                    cloud,
+                    lease,
+                    job,
+                    target,
+                    fingerprint=fingerprint,
+                    repeat_of_same_job=same_job,
+                )
     except StaleLeaseError as exc:
         _finish_attempt(
             services, lease, outcome=AttemptOutcome.STALE, error_class="StaleLease", error=str(exc)
@@ -245,45 +253,57 @@ def _import(
     target: Target,
     *,
     fingerprint: str | None = None,
+    repeat_of_same_job: bool = False,
 ) -> SyncResult:
+    """Download the export and merge it into observations, or, when it is byte for byte what
+    the task last imported (``repeat_of_same_job``: Cloud reports the job as it was), commit
+    that import's outcome (see :mod:`sync.repeat`)."""
     dataset = target.dataset
     settings = services.settings
     heartbeat_every = timedelta(seconds=settings.lease_seconds / 3)
-    read = missing = protected = 0
+    postgres = services.uow.dialect == "postgresql"
+    last_beat = services.clock()
+
+    def tick(read: int) -> None:
+        nonlocal last_beat
+        if read == staging.BATCH_SIZE:
+            services.killpoints.reached("mid-download")
+        if postgres and services.clock() - last_beat >= heartbeat_every:
+            last_beat = _heartbeat(services, lease)
+
+    rules = repeat.read_rules(
+        dataset,
+        run_id=target.run_id,
+        window=target.window,
+        frozen=target.frozen_partitions,
+        max_record_bytes=settings.max_record_bytes,
+        max_line_bytes=settings.max_record_line_bytes,
+    )
     with services.uow.begin() as session:
-        postgres = services.uow.dialect == "postgresql"
-        stager = staging.ObservationStager(session)
-        last_beat = services.clock()
-        identify = RecordIdentity(dataset, target.window)
-        frozen = target.frozen_partitions
-        invalid = staging.SetAside()
-        for line, item in cloud.iter_export(job.id):
-            read += 1
-            if isinstance(item, InvalidRecord):
-                invalid.add(item)
-                continue
-            staged = identify(item)
-            if staged is None:
-                missing += 1
-                continue
-            if frozen and staged[2] in frozen:
-                protected += 1  # a recovery batch never rewrites a partition that passed
-                continue
-            problem = staging.record_problem(
-                item,
-                partition=staged[2],
-                canonical=staged[4],
-                start_url=staged[3],
+        digest = repeat.ExportDigest(rules)
+        last = repeat.last_import(session, lease.task_key) if repeat_of_same_job else None
+        verdict: repeat.Verdict = "again"
+        if last is not None and repeat.still_stored(session, last, target.run_id):
+            verdict, lines = repeat.compare(cloud.export_lines(job.id), digest, last, tick)
+        if verdict == "again":
+            digest = repeat.ExportDigest(rules)
+            lines = digest.tap(cloud.export_lines(job.id))
+        if verdict == "same" and last is not None:
+            counts, origin = repeat.repeated(last), last.origin
+            read = staging.ExportRead(last.records_read, last.missing_key, last.protected)
+            invalid_count, invalid_detail = last.invalid_records, last.invalid_detail
+        else:
+            stager = staging.ObservationStager(session)
+            read = staging.stage_export(
+                stager,
+                cloud.iter_export(job.id, lines),
+                RecordIdentity(dataset, target.window),
+                frozen=target.frozen_partitions,
                 max_record_bytes=settings.max_record_bytes,
+                tick=tick,
             )
-            if problem is not None:  # set aside and counted: one bad record never sinks a job
-                invalid.add(InvalidRecord(line, *problem, partition=staged[2]))
-                continue
-            stager.add(*staged)
-            if read == stager.batch_size:
-                services.killpoints.reached("mid-download")
-            if postgres and read % 1000 == 0 and services.clock() - last_beat >= heartbeat_every:
-                last_beat = _heartbeat(services, lease)
+            origin = None
+            invalid_count, invalid_detail = read.invalid.count, read.invalid.as_detail()
         now = services.clock()
         store.ensure_run(
             session,
@@ -297,14 +317,15 @@ def _import(
         store.save_scraping_job(
             session, job, run_id=target.run_id, recovery_batch=target.recovery_batch, now=now
         )
-        counts = stager.merge(
-            dataset=dataset.name,
-            run_id=target.run_id,
-            window=target.window,
-            job_id=job.id,
-            attempt_id=lease.attempt_id,
-            now=now,
-        )
+        if origin is None:
+            counts = stager.merge(
+                dataset=dataset.name,
+                run_id=target.run_id,
+                window=target.window,
+                job_id=job.id,
+                attempt_id=lease.attempt_id,
+                now=now,
+            )
         services.killpoints.reached("mid-upsert")
         state = store.commit_task(session, lease, run_id=target.run_id, now=now)
         if fingerprint is not None:
@@ -316,16 +337,19 @@ def _import(
             outcome=AttemptOutcome.COMMITTED,
             cloud_status=job.status,
             recovery_batch=target.recovery_batch,
-            records_read=read,
+            records_read=read.read,
             inserted=counts.inserted,
             updated=counts.updated,
             unchanged=counts.unchanged,
-            missing_key=missing,
-            protected=protected,
+            missing_key=read.missing_key,
+            protected=read.protected,
             duplicate_keys=counts.duplicate_keys,
             conflicting_duplicates=counts.conflicting_duplicates,
-            invalid_records=invalid.count,
-            invalid_detail=invalid.as_detail(),
+            invalid_records=invalid_count,
+            invalid_detail=invalid_detail,
+            export_digest=digest.digest(),
+            export_prefix=digest.prefix(),
+            repeat_of=origin,
         )
         session.commit()
     services.killpoints.reached("after-commit")
@@ -341,9 +365,9 @@ def _import(
         state,
         run_id=target.run_id,
         counts=counts,
-        records_read=read,
-        missing_key=missing,
-        invalid=invalid.count,
+        records_read=read.read,
+        missing_key=read.missing_key,
+        invalid=invalid_count,
     )
 
 

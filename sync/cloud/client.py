@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, Final
 
@@ -205,14 +205,21 @@ class CloudClient:
                 raise CloudError(f"GET scraping-job/{job_id}/json: line {number} {what}")
             yield item
 
-    def iter_export(self, job_id: int) -> Iterator[tuple[int, dict[str, Any] | InvalidRecord]]:
+    def export_lines(self, job_id: int) -> Iterator[str | SkippedLine]:
+        """Stream a scraping job's JSON Lines export as its lines, unparsed (a line that is too
+        long or not UTF-8 comes as a SkippedLine)."""
+        return self._download_lines(f"scraping-job/{_id(job_id)}/json", final_line_ok=is_json)
+
+    def iter_export(
+        self, job_id: int, lines: Iterable[str | SkippedLine] | None = None
+    ) -> Iterator[tuple[int, dict[str, Any] | InvalidRecord]]:
         """Stream a scraping job's JSON Lines export as (line number, record); a line that is
         too long, not UTF-8, not JSON or not an object comes as an InvalidRecord instead, and
-        the stream goes on. Blank lines are skipped."""
-        path = f"scraping-job/{_id(job_id)}/json"
+        the stream goes on. Blank lines are skipped. ``lines`` are the export's lines when the
+        caller has them already (from :meth:`export_lines`)."""
         number = 0
         progress, total = self.progress, self._record_counts.get(job_id)
-        for line in self._download_lines(path, final_line_ok=is_json):
+        for line in self.export_lines(job_id) if lines is None else lines:
             number += 1
             if progress is not None and number % PROGRESS_EVERY == 0:
                 progress("records", number, total)

@@ -1,0 +1,221 @@
+"""The byte-identical repeat: a sync of an export that is byte for byte the one its task last
+imported, read under the same rules, commits that import's outcome without parsing or staging
+a record (a forced repeat, ``scrapesync sync JOB_ID --force``, of a job Cloud reports as it was).
+
+Every import records the digest of what it read: SHA-256 over the rules the lines were read
+under (the dataset's whole definition, run, window, frozen partitions, size limits and
+:data:`IMPORT_RULES`) followed by every line of the export as downloaded (a line that was
+skipped by its size and reason: what the import saw of it). It also keeps the digest of the first
+MiB of lines, so that an export which changed is told from the last one after its first MiB.
+
+A repeat is taken only where it is provably what a full import would do, in the transaction that
+commits it:
+
+- the task's last import (by lease token) has the same digest;
+- the import it goes back to wrote every record it staged (it found none unchanged), and every
+  row it wrote still carries its attempt id in ``source_attempt_id``: a later rewrite of any of
+  them, by any sync, would have put another attempt's id there.
+
+A full import would then find every staged payload unchanged: the attempt commits with the same
+records read, invalid, missing, protected and duplicate counts, nothing inserted or updated, and
+every staged key unchanged. Otherwise the export is imported in full; one that differs only
+after its first MiB is downloaded again for that (its lines were not kept).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from config.datasets import Dataset
+from sync.cloud.download import SkippedLine
+from sync.models import Attempt, Observation
+from sync.staging import UpsertCounts
+from sync.states import AttemptOutcome
+
+IMPORT_RULES = 1  # raise it when identity or staging rules change what the same lines import as
+PREFIX_CHARS = 1 << 20
+TICK_EVERY = 1000
+
+Line = str | SkippedLine
+
+
+def read_rules(
+    dataset: Dataset,
+    *,
+    run_id: str,
+    window: str,
+    frozen: Iterable[str],
+    max_record_bytes: int,
+    max_line_bytes: int,
+) -> str:
+    """Everything besides the lines themselves that decides what an import of them writes."""
+    rules = [
+        IMPORT_RULES,
+        repr(dataset),
+        run_id,
+        window,
+        sorted(frozen),
+        max_record_bytes,
+        max_line_bytes,
+    ]
+    return json.dumps(rules, ensure_ascii=False)
+
+
+class ExportDigest:
+    """The running SHA-256 of the read rules and the lines of one download."""
+
+    def __init__(self, rules: str) -> None:
+        self._hash = hashlib.sha256(rules.encode())
+        self._chars = 0
+        self._prefix: str | None = None
+
+    def tap(self, lines: Iterable[Line]) -> Iterator[Line]:
+        """Pass the lines on, hashing each. A skipped line is hashed as a 0xFF byte (which UTF-8
+        text never holds), its size and reason, and a line break, so no sequence of lines can
+        hash as another."""
+        update = self._hash.update
+        for line in lines:
+            if isinstance(line, str):
+                update(line.encode())
+                size = len(line)
+            else:
+                update(b"\xff" + f"{line.size} {line.reason}\n".encode())
+                size = 1
+            if self._prefix is None:
+                self._chars += size
+                if self._chars >= PREFIX_CHARS:
+                    self._prefix = self._hash.copy().hexdigest()
+            yield line
+
+    @property
+    def prefix_reached(self) -> bool:
+        """Whether the lines hashed so far reach past the first MiB."""
+        return self._prefix is not None
+
+    def digest(self) -> str:
+        """The digest of the rules and every line so far."""
+        return self._hash.hexdigest()
+
+    def prefix(self) -> str:
+        """The digest of the rules and the first MiB of lines (all of them, if fewer)."""
+        return self._prefix if self._prefix is not None else self.digest()
+
+
+@dataclass(frozen=True)
+class LastImport:
+    """The task's last import (digests), and the full import it goes back to (its outcome)."""
+
+    digest: str
+    prefix: str
+    origin: str
+    counts: UpsertCounts
+    records_read: int
+    missing_key: int
+    protected: int
+    invalid_records: int
+    invalid_detail: dict[str, Any] | None
+
+
+def last_import(session: Session, task_key: str) -> LastImport | None:
+    """The task's last committed import that recorded its digest, or None."""
+    a = Attempt.__table__.c
+    last = session.execute(
+        select(a.export_digest, a.export_prefix, a.repeat_of, a.attempt_id)
+        .where(
+            a.task_key == task_key,
+            a.outcome == AttemptOutcome.COMMITTED,
+            a.export_digest.is_not(None),
+        )
+        .order_by(a.lease_token.desc())
+        .limit(1)
+    ).one_or_none()
+    if last is None or last.export_prefix is None:
+        return None
+    origin = session.execute(
+        select(Attempt.__table__).where(a.attempt_id == (last.repeat_of or last.attempt_id))
+    ).one_or_none()
+    if origin is None:
+        return None
+    return LastImport(
+        digest=last.export_digest,
+        prefix=last.export_prefix,
+        origin=origin.attempt_id,
+        counts=UpsertCounts(
+            staged=origin.inserted + origin.updated + origin.unchanged + origin.duplicate_keys,
+            inserted=origin.inserted,
+            updated=origin.updated,
+            unchanged=origin.unchanged,
+            duplicate_keys=origin.duplicate_keys,
+            conflicting_duplicates=origin.conflicting_duplicates,
+        ),
+        records_read=origin.records_read,
+        missing_key=origin.missing_key,
+        protected=origin.protected,
+        invalid_records=origin.invalid_records,
+        invalid_detail=origin.invalid_detail,
+    )
+
+
+def still_stored(session: Session, last: LastImport, run_id: str) -> bool:
+    """Whether every row of the last import's origin still holds what it wrote: it found no
+    staged record unchanged, and as many rows carry its attempt id as it wrote."""
+    if last.counts.unchanged:
+        return False
+    written = last.counts.inserted + last.counts.updated
+    o = Observation.__table__.c
+    kept = session.execute(
+        select(func.count())
+        .select_from(Observation)
+        .where(o.run_id == run_id, o.source_attempt_id == last.origin)
+    ).scalar_one()
+    return int(kept) == written
+
+
+def repeated(last: LastImport) -> UpsertCounts:
+    """What a full import of the same lines would count now: every staged key unchanged."""
+    c = last.counts
+    return UpsertCounts(
+        staged=c.staged,
+        inserted=0,
+        updated=0,
+        unchanged=c.inserted + c.updated,
+        duplicate_keys=c.duplicate_keys,
+        conflicting_duplicates=c.conflicting_duplicates,
+    )
+
+
+Verdict = Literal["same", "changed", "again"]
+
+
+def compare(
+    lines: Iterable[Line], digest: ExportDigest, last: LastImport, tick: Callable[[int], None]
+) -> tuple[Verdict, Iterator[Line]]:
+    """Read the download as far as needed to tell it from the last import's lines: "same" when
+    it is byte for byte identical (read to its end); "changed" with every line from the first
+    (the first MiB kept, the rest still streaming); "again" when it differs only after its
+    first MiB (those lines were not kept). ``tick`` gets the count of lines every thousand."""
+    tapped = digest.tap(lines)
+    head: list[Line] = []
+    for line in tapped:
+        head.append(line)
+        if digest.prefix_reached:
+            break
+    if not digest.prefix_reached:  # the whole export is shorter than a MiB
+        same = digest.digest() == last.digest
+        return ("same", iter(())) if same else ("changed", iter(head))
+    if digest.prefix() != last.prefix:
+        return "changed", itertools.chain(head, tapped)
+    count = len(head)
+    for _ in tapped:
+        count += 1
+        if count % TICK_EVERY == 0:
+            tick(count)
+    return ("same" if digest.digest() == last.digest else "again"), iter(())
