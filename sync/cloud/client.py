@@ -13,8 +13,10 @@ configured secret), errors are raised without chaining httpx's exceptions, and a
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -68,6 +70,13 @@ PROGRESS_EVERY = 1000  # records between two progress reports
 ProgressHook = Callable[[str, int, int | None], None]
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """The TLS settings of every client in this process: loading the certificate authorities
+    takes about 20 ms, which a sync of a small job would otherwise pay each time."""
+    return httpx.create_ssl_context()
+
+
 class CloudClient:
     """Web Scraper Cloud API over one httpx.Client: typed errors, retries, a shared API budget."""
 
@@ -103,7 +112,8 @@ class CloudClient:
         self._http = httpx.Client(
             base_url=base_url,
             transport=TokenTransport(
-                transport if transport is not None else httpx.HTTPTransport(), self._secret
+                transport if transport is not None else httpx.HTTPTransport(verify=_tls()),
+                self._secret,
             ),
             timeout=httpx.Timeout(timeout),
             headers={"Accept": "application/json, text/javascript, */*", "User-Agent": USER_AGENT},
