@@ -3,6 +3,9 @@ collected in a temporary table and merged into observations in one statement."""
 
 from __future__ import annotations
 
+import os
+import tempfile
+from array import array
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -164,7 +167,18 @@ _STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS obs_staging (ord integer, observation_key text, "
     "payload_hash text, entity_key text, partition text, start_url text, payload text)"
 )
-_STAGED_COLUMNS = "ord, observation_key, payload_hash, entity_key, partition, start_url, payload"
+_KEY_COLUMNS = "ord, observation_key, payload_hash, entity_key, partition, start_url"
+_STAGED_COLUMNS = _KEY_COLUMNS + ", payload"
+_CHANGES = (
+    "CREATE TEMP TABLE obs_changes (ord integer, observation_key text, payload_hash text, "
+    "entity_key text, partition text, start_url text, payload text) ON COMMIT DROP"
+)
+_TO_WRITE = (
+    "SELECT "  # noqa: S608 - constant SQL
+    + ", ".join(f"c.{name}" for name in _KEY_COLUMNS.split(", "))
+    + " FROM obs_staging c LEFT JOIN observations o ON o.observation_key = c.observation_key "
+    "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash ORDER BY c.ord"
+)
 
 
 class ObservationStager:
@@ -175,17 +189,38 @@ class ObservationStager:
     The staged payload is text: only the rows that are written get parsed as JSON. One
     statement merges: it joins the staged hashes with the stored ones and writes only what is
     new or changed (nothing is copied into a change table first), and counts what it wrote.
+
+    Keys first (PostgreSQL, when the run holds observations already, so most records of a sync
+    are likely stored unchanged): only keys and hashes are staged, the payloads go to a local
+    spool file; after one join with the stored hashes, the payloads of the new and changed
+    records alone are sent, from the spool, and merged from a table of those rows only.
     """
 
-    def __init__(self, session: Session, *, batch_size: int = BATCH_SIZE) -> None:
+    def __init__(
+        self, session: Session, *, batch_size: int = BATCH_SIZE, run_id: str | None = None
+    ) -> None:
         self.session = session
         self.conn: Connection = session.connection()
         self.postgres = self.conn.dialect.name == "postgresql"
         self.batch_size = batch_size
         self.count = 0
         self._batch: list[tuple[Any, ...]] = []
+        self._table = "obs_staging"
         self.conn.exec_driver_sql(_STAGING + (" ON COMMIT DROP" if self.postgres else ""))
         self.conn.exec_driver_sql("DELETE FROM obs_staging")
+        self.keys_first = (
+            self.postgres
+            and run_id is not None
+            and bool(
+                self.conn.execute(
+                    text("SELECT EXISTS (SELECT 1 FROM observations WHERE run_id = :run_id)"),
+                    {"run_id": run_id},
+                ).scalar_one()
+            )
+        )
+        self._spool = tempfile.TemporaryFile() if self.keys_first else None  # noqa: SIM115 - closed by merge or close
+        self._ends = array("q")  # where each spooled payload ends
+        self._spooled = 0
 
     def add(
         self,
@@ -198,17 +233,26 @@ class ObservationStager:
     ) -> None:
         """Stage one record."""
         self.count += 1
-        self._batch.append(
-            (
-                self.count,
-                observation_key,
-                payload_hash,
-                entity_key,
-                partition,
-                start_url,
-                canonical_payload,
+        if self._spool is not None:
+            data = canonical_payload.encode()
+            self._spool.write(data)
+            self._spooled += len(data)
+            self._ends.append(self._spooled)
+            self._batch.append(
+                (self.count, observation_key, payload_hash, entity_key, partition, start_url)
             )
-        )
+        else:
+            self._batch.append(
+                (
+                    self.count,
+                    observation_key,
+                    payload_hash,
+                    entity_key,
+                    partition,
+                    start_url,
+                    canonical_payload,
+                )
+            )
         if len(self._batch) >= self.batch_size:
             self.flush()
 
@@ -219,9 +263,10 @@ class ObservationStager:
         if self.postgres:
             raw = self.conn.connection.driver_connection
             assert raw is not None
+            columns = _KEY_COLUMNS if self._spool is not None else _STAGED_COLUMNS
             with (
                 raw.cursor() as cursor,
-                cursor.copy(f"COPY obs_staging ({_STAGED_COLUMNS}) FROM STDIN") as copy,
+                cursor.copy(f"COPY obs_staging ({columns}) FROM STDIN") as copy,
             ):
                 for row in self._batch:
                     copy.write_row(row)
@@ -264,6 +309,8 @@ class ObservationStager:
                     "ON d.observation_key = s.observation_key WHERE s.ord < d.last)"
                 )
             )
+        if self._spool is not None:
+            self._send_payloads()
         # One join finds what is new or changed; only those rows are written (or even locked).
         # The conflict clause keeps a payload that another sync made the same from a rewrite.
         payload = "CAST(c.payload AS jsonb)" if self.postgres else "c.payload"
@@ -274,7 +321,7 @@ class ObservationStager:
             "last_changed_at) "
             "SELECT c.observation_key, :dataset, c.entity_key, :run_id, :window, "
             f"c.partition, c.start_url, {payload}, c.payload_hash, :job_id, :attempt_id, "
-            f"'{ValidationState.PENDING}', :now, :now FROM obs_staging c "
+            f"'{ValidationState.PENDING}', :now, :now FROM {self._table} c "
             "LEFT JOIN observations o ON o.observation_key = c.observation_key "
             "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash "
             "ON CONFLICT (observation_key) DO UPDATE SET "
@@ -312,6 +359,8 @@ class ObservationStager:
             updated = int(written.written) - inserted
         if self.postgres:
             conn.exec_driver_sql("DROP TABLE obs_staging")
+            if self._table != "obs_staging":
+                conn.exec_driver_sql(f"DROP TABLE {self._table}")
         else:
             conn.exec_driver_sql("DELETE FROM obs_staging")
         return UpsertCounts(
@@ -322,6 +371,40 @@ class ObservationStager:
             duplicate_keys=duplicates,
             conflicting_duplicates=int(dup.conflicting),
         )
+
+    def _send_payloads(self) -> None:
+        """Keys first: the staged records that are new or changed come back from one join, and
+        go to obs_changes with their spooled payloads; the merge reads those rows alone.
+        Analysed at once: a temporary table has no statistics, and a planner that guesses
+        its size picks joins that cost more than the whole merge."""
+        spool = self._spool
+        assert spool is not None
+        spool.flush()
+        fd, ends = spool.fileno(), self._ends
+        raw = self.conn.connection.driver_connection
+        assert raw is not None
+        self.conn.exec_driver_sql(_CHANGES)
+        with raw.cursor(name="obs_to_write") as wanted:
+            wanted.execute(_TO_WRITE)
+            while rows := wanted.fetchmany(self.batch_size):
+                with (
+                    raw.cursor() as cursor,
+                    cursor.copy(f"COPY obs_changes ({_STAGED_COLUMNS}) FROM STDIN") as copy,
+                ):
+                    for row in rows:
+                        number = row[0]
+                        start = ends[number - 2] if number > 1 else 0
+                        payload = os.pread(fd, ends[number - 1] - start, start).decode()
+                        copy.write_row((*row, payload))
+        self.conn.exec_driver_sql("ANALYZE obs_changes")
+        self.close()
+        self._table = "obs_changes"
+
+    def close(self) -> None:
+        """Remove the payload spool, if any."""
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
 
     def _write_changes(self, upsert: str, params: dict[str, Any]) -> tuple[int, int]:
         """Write new and changed rows on PostgreSQL; (inserted, updated).
@@ -336,9 +419,9 @@ class ObservationStager:
         now = bindparam("now", type_=UTCDateTime())
         todo = conn.execute(
             text(
-                "SELECT count(*) FILTER (WHERE o.observation_key IS NULL) AS new, "
+                "SELECT count(*) FILTER (WHERE o.observation_key IS NULL) AS new, "  # noqa: S608 - constant SQL
                 "count(*) FILTER (WHERE o.payload_hash <> c.payload_hash) AS changed "
-                "FROM obs_staging c LEFT JOIN observations o "
+                f"FROM {self._table} c LEFT JOIN observations o "
                 "ON o.observation_key = c.observation_key"
             )
         ).one()
@@ -351,7 +434,7 @@ class ObservationStager:
                     "start_url = c.start_url, entity_key = c.entity_key, source_job_id = :job_id, "
                     "source_attempt_id = :attempt_id, "
                     f"validation_state = '{ValidationState.PENDING}', "
-                    "last_changed_at = :now FROM obs_staging c "
+                    f"last_changed_at = :now FROM {self._table} c "
                     "WHERE o.observation_key = c.observation_key "
                     "AND o.payload_hash <> c.payload_hash"
                 ).bindparams(now),

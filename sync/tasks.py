@@ -293,7 +293,7 @@ def _import(
             read = staging.ExportRead(last.records_read, last.missing_key, last.protected)
             invalid_count, invalid_detail = last.invalid_records, last.invalid_detail
         else:
-            stager = staging.ObservationStager(session)
+            stager = staging.ObservationStager(session, run_id=target.run_id)
             read = staging.stage_export(
                 stager,
                 cloud.iter_export(job.id, lines),
