@@ -16,7 +16,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sync.cloud.download import InvalidRecord
-from sync.identity import RecordIdentity
+from sync.identity import Identified, RecordIdentity
 from sync.models import UTCDateTime
 from sync.states import ValidationState
 
@@ -122,6 +122,7 @@ def stage_export(
     invalid = found.invalid
     read = missing = protected = 0
     add = stager.add
+    quarter = max_record_bytes // 4
     for line, item in records:
         read += 1
         if isinstance(item, InvalidRecord):
@@ -134,17 +135,24 @@ def stage_export(
         if frozen and staged[2] in frozen:
             protected += 1  # a recovery batch never rewrites a partition that passed
             continue
-        problem = record_problem(
-            item,
-            partition=staged[2],
-            canonical=staged[4],
-            start_url=staged[3],
-            max_record_bytes=max_record_bytes,
-        )
-        if problem is not None:  # set aside and counted: one bad record never sinks a job
-            invalid.add(InvalidRecord(line, *problem, partition=staged[2]))
-            continue
-        add(*staged)
+        partition, start_url, canonical = staged[2], staged[3], staged[4]
+        if (  # only what record_problem could refuse is checked by it
+            "\\u0000" in canonical
+            or len(canonical) > quarter
+            or (partition is not None and len(partition) > PARTITION_LIMIT)
+            or (start_url is not None and "\x00" in start_url)
+        ):
+            problem = record_problem(
+                item,
+                partition=partition,
+                canonical=canonical,
+                start_url=start_url,
+                max_record_bytes=max_record_bytes,
+            )
+            if problem is not None:  # set aside and counted: one bad record never sinks a job
+                invalid.add(InvalidRecord(line, *problem, partition=partition))
+                continue
+        add(staged)
         if read % 1000 == 0:
             tick(read)
     found.read, found.missing_key, found.protected = read, missing, protected
@@ -167,8 +175,9 @@ _STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS obs_staging (ord integer, observation_key text, "
     "payload_hash text, entity_key text, partition text, start_url text, payload text)"
 )
-_KEY_COLUMNS = "ord, observation_key, payload_hash, entity_key, partition, start_url"
-_STAGED_COLUMNS = _KEY_COLUMNS + ", payload"
+# in the order of RecordIdentity's values, the payload left out when keys go first
+_STAGED_COLUMNS = "ord, observation_key, entity_key, partition, start_url, payload, payload_hash"
+_KEY_COLUMNS = "ord, observation_key, entity_key, partition, start_url, payload_hash"
 _CHANGES = (
     "CREATE TEMP TABLE obs_changes (ord integer, observation_key text, payload_hash text, "
     "entity_key text, partition text, start_url text, payload text) ON COMMIT DROP"
@@ -222,37 +231,20 @@ class ObservationStager:
         self._ends = array("q")  # where each spooled payload ends
         self._spooled = 0
 
-    def add(
-        self,
-        observation_key: str,
-        entity_key: str,
-        partition: str | None,
-        start_url: str | None,
-        canonical_payload: str,
-        payload_hash: str,
-    ) -> None:
-        """Stage one record."""
+    def add(self, staged: Identified) -> None:
+        """Stage one record: its values as :class:`RecordIdentity` gives them."""
         self.count += 1
         if self._spool is not None:
-            data = canonical_payload.encode()
+            observation_key, entity_key, partition, start_url, payload, payload_hash = staged
+            data = payload.encode()
             self._spool.write(data)
             self._spooled += len(data)
             self._ends.append(self._spooled)
             self._batch.append(
-                (self.count, observation_key, payload_hash, entity_key, partition, start_url)
+                (self.count, observation_key, entity_key, partition, start_url, payload_hash)
             )
         else:
-            self._batch.append(
-                (
-                    self.count,
-                    observation_key,
-                    payload_hash,
-                    entity_key,
-                    partition,
-                    start_url,
-                    canonical_payload,
-                )
-            )
+            self._batch.append((self.count, *staged))
         if len(self._batch) >= self.batch_size:
             self.flush()
 
@@ -391,11 +383,12 @@ class ObservationStager:
                     raw.cursor() as cursor,
                     cursor.copy(f"COPY obs_changes ({_STAGED_COLUMNS}) FROM STDIN") as copy,
                 ):
-                    for row in rows:
-                        number = row[0]
+                    for number, key, entity, partition, start_url, payload_hash in rows:
                         start = ends[number - 2] if number > 1 else 0
                         payload = os.pread(fd, ends[number - 1] - start, start).decode()
-                        copy.write_row((*row, payload))
+                        copy.write_row(
+                            (number, key, entity, partition, start_url, payload, payload_hash)
+                        )
         self.conn.exec_driver_sql("ANALYZE obs_changes")
         self.close()
         self._table = "obs_changes"

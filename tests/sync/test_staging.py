@@ -26,7 +26,7 @@ def _merge(services: Services, attempt: str, records: list[dict[str, Any]]) -> t
         for record in records:
             staged = identify(record)
             assert staged is not None
-            stager.add(*staged)
+            stager.add(staged)
         counts = stager.merge(
             dataset="products",
             run_id="r",
