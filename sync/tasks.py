@@ -29,7 +29,7 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from sync import logs, repeat, staging, store
+from sync import logs, records, repeat, staging, store
 from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.cloud.errors import CloudError
@@ -290,11 +290,11 @@ def _import(
             lines = digest.tap(cloud.export_lines(job.id))
         if verdict == "same" and last is not None:
             counts, origin = repeat.repeated(last), last.origin
-            read = staging.ExportRead(last.records_read, last.missing_key, last.protected)
+            read = records.ExportRead(last.records_read, last.missing_key, last.protected)
             invalid_count, invalid_detail = last.invalid_records, last.invalid_detail
         else:
             stager = staging.ObservationStager(session, run_id=target.run_id)
-            read = staging.stage_export(
+            read = records.stage_export(
                 stager,
                 cloud.iter_export(job.id, lines),
                 RecordIdentity(dataset, target.window),
