@@ -15,7 +15,9 @@ the next worker starts it without waiting out the lease.
 A repeat costs one API call: when the job Cloud describes now (status, page counters, stored
 record count, scraping duration) has the fingerprint of the last committed sync, the attempt
 commits as ``unchanged`` without downloading. Cloud's "Continue" changes the fingerprint, so
-it syncs again; ``force`` re-imports anyway (after the datasets file changed).
+it syncs again; ``force`` re-imports anyway (after the datasets file changed), except that an
+export byte for byte the one last imported under the same rules repeats that import's outcome
+when it provably would (see :mod:`sync.repeat`).
 """
 
 from __future__ import annotations
