@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from config.columns import Column
 from config.datasets import Dataset
 from sync.states import RunState
 
@@ -16,6 +17,7 @@ NO_PARTITION = "(none)"
 WAITING = "waiting"
 NOTE = "note"
 SAMPLES = 3
+UNFAILING_TYPES = ("text", "json")  # column types every value casts to
 
 ACCEPTED = RunState.ACCEPTED
 REJECTED = RunState.REJECTED
@@ -147,6 +149,9 @@ class RecordRules:
     parsers: Mapping[str, str] = field(default_factory=dict)
     consent_markers: tuple[str, ...] = ()
     identity_fields: tuple[str, ...] = ()
+    # the typed columns whose casts can fail (every configured column but text and json): a
+    # value that does not cast counts as unparsable under its field's name
+    casts: tuple[Column, ...] = ()
 
     @classmethod
     def of(cls, dataset: Dataset) -> RecordRules:
@@ -157,6 +162,7 @@ class RecordRules:
             parsers=dict(dataset.quality.parsers),
             consent_markers=tuple(m.lower() for m in dataset.quality.consent_markers),
             identity_fields=identity,
+            casts=tuple(c for c in dataset.columns if c.type not in UNFAILING_TYPES),
         )
 
 

@@ -1,5 +1,6 @@
-"""One record's defects (missing required fields, values that do not parse, consent pages,
-empty shells) and the fields it fills, tallied per partition as the run's records stream by."""
+"""One record's defects (missing required fields, values that do not parse or do not cast to
+their column's type, consent pages, empty shells) and the fields it fills, tallied per partition
+as the run's records stream by."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
 from sync.acceptance.parsers import PARSERS, is_filled
+from sync.casts import cast
 
 
 def is_consent_page(record: Mapping[str, Any], markers: Sequence[str]) -> bool:
@@ -39,11 +41,20 @@ def tally_record(tally: PartitionTally, record: Mapping[str, Any], rules: Record
     for name in rules.required:
         if not is_filled(record.get(name)):
             tally.missing[name] = tally.missing.get(name, 0) + 1
+    unparsable: set[str] = set()
     for name, parser in rules.parsers.items():
         value = record.get(name)
         if is_filled(value) and not PARSERS[parser](value):
+            unparsable.add(name)
             tally.unparsable[name] = tally.unparsable.get(name, 0) + 1
             tally.note(f"unparsable:{name}", value)
+    for column in rules.casts:
+        if column.field in unparsable:  # one bad value counts once
+            continue
+        value = record.get(column.field)
+        if cast(column, value)[1] is not None:
+            tally.unparsable[column.field] = tally.unparsable.get(column.field, 0) + 1
+            tally.note(f"unparsable:{column.field}", value)
     if rules.consent_markers and is_consent_page(record, rules.consent_markers):
         tally.consent_pages += 1
         title = record.get("title")

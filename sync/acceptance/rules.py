@@ -297,11 +297,13 @@ def partition_reasons(tally: PartitionTally, quality: Quality) -> list[Reason]:
     for name, count in sorted(tally.missing.items()):
         check("required_missing", count, f"required field {name!r} is empty")
     for name, count in sorted(tally.unparsable.items()):
-        parser = quality.parsers.get(name, "?")
+        parser = quality.parsers.get(name)
         check(
             "unparsable",
             count,
-            f"{name!r} does not parse as {parser}",
+            f"{name!r} does not parse as {parser}"
+            if parser
+            else f"{name!r} does not cast to its column's type",
             sample_key=f"unparsable:{name}",
         )
     check("consent_page", tally.consent_pages, "a consent or bot-wall page", "consent")
