@@ -37,7 +37,13 @@ from sync.states import DeliveryState, OutboxState
 
 log = logs.get("outbox")
 
-EVENT_TYPES = ("run.accepted", "run.rejected", "dataset.published", "dataset.withdrawn")
+EVENT_TYPES = (
+    "run.accepted",
+    "run.rejected",
+    "dataset.published",
+    "dataset.withdrawn",
+    "dataset.changed",
+)
 TIMEOUT = 10.0
 LEASE_MARGIN = 60.0
 USER_AGENT = "scrapesync-webhooks/0.1"
@@ -72,11 +78,14 @@ def write_event(
     payload: dict[str, Any],
     destinations: Sequence[str],
     now: datetime,
+    event_key: str | None = None,
 ) -> str:
-    """Write an event and its deliveries in the caller's transaction; a repeat writes nothing."""
+    """Write an event and its deliveries in the caller's transaction; a repeat writes nothing.
+    ``event_key`` stands for the event type in the id when one revision announces several
+    events of a type (the pages of ``dataset.changed``)."""
     if event_type not in EVENT_TYPES:
         raise ValueError(f"unknown event type {event_type!r}; expected one of {EVENT_TYPES}")
-    event_id = event_id_for(run_id, event_type, revision)
+    event_id = event_id_for(run_id, event_key or event_type, revision)
     session.execute(
         insert(session, OutboxEvent)
         .values(
