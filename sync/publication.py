@@ -3,7 +3,8 @@
 Each dataset has at most one current ``Publication``. An accepted run takes the pointer unless
 the published run is a later collection window; a published run that fails a later evaluation
 gives it back to the newest other accepted run, or the dataset is announced withdrawn. Each move
-is written with the outbox event that announces it, inside the evaluating transaction.
+is written with the outbox events that announce it, and the dataset's typed table, history and
+change feed follow it (:mod:`sync.materialise`), inside the evaluating transaction.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
-from sync import outbox
+from sync import change_feed, materialise, outbox
 from sync.models import Observation, PartitionVerdict, Publication, Run
 from sync.states import PartitionState, RunState, ValidationState
 
@@ -63,9 +64,12 @@ def publish(
     records: int,
     previous: Publication | None,
     now: datetime,
+    schema: str,
     replacing: str | None = None,
-) -> str:
-    """Flip the dataset's published pointer to ``run`` and write the event that says so."""
+) -> list[str]:
+    """Flip the dataset's published pointer to ``run``, bring the dataset's table to it (see
+    :mod:`sync.materialise`) and write the events that say so: ``dataset.published``, then the
+    pages of ``dataset.changed``."""
     if previous is not None:
         session.execute(
             update(Publication)
@@ -74,15 +78,14 @@ def publish(
             .execution_options(synchronize_session=False)
         )
     event_id = outbox.event_id_for(run.run_id, "dataset.published", run.revision)
-    session.add(
-        Publication(
-            dataset=dataset.name,
-            run_id=run.run_id,
-            is_current=True,
-            published_at=now,
-            event_id=event_id,
-        )
+    row = Publication(
+        dataset=dataset.name,
+        run_id=run.run_id,
+        is_current=True,
+        published_at=now,
+        event_id=event_id,
     )
+    session.add(row)
     session.flush()
     run.state = RunState.PUBLISHED
     run.published_at = now
@@ -94,7 +97,7 @@ def publish(
             )
         ).scalars()
     )
-    return outbox.write_event(
+    published = outbox.write_event(
         session,
         event_type="dataset.published",
         run_id=run.run_id,
@@ -114,11 +117,25 @@ def publish(
         destinations=[d.key for d in dataset.destinations],
         now=now,
     )
+    made = materialise.apply_publication(
+        session,
+        dataset,
+        run,
+        schema=schema,
+        now=now,
+        previous_run_id=previous.run_id if previous is not None else None,
+        replacing=replacing,
+    )
+    row.changes = change_feed.counts_of(made.changes)
+    return [published, *made.events]
 
 
-def withdraw(session: Session, dataset: Dataset, run: Run, now: datetime) -> list[str]:
+def withdraw(
+    session: Session, dataset: Dataset, run: Run, now: datetime, *, schema: str
+) -> list[str]:
     """A published run that fails a later evaluation is no longer published: the pointer goes
-    back to the newest other accepted run, or the dataset is announced withdrawn."""
+    back to the newest other accepted run, or the dataset is announced withdrawn (and its table
+    emptied)."""
     current = current_publication(session, dataset.name)
     if current is None or current.run_id != run.run_id:
         return []
@@ -139,6 +156,7 @@ def withdraw(session: Session, dataset: Dataset, run: Run, now: datetime) -> lis
             .values(is_current=False, superseded_at=now)
             .execution_options(synchronize_session=False)
         )
+        emptied = materialise.apply_withdrawal(session, dataset, run, schema=schema, now=now)
         return [
             outbox.write_event(
                 session,
@@ -149,20 +167,20 @@ def withdraw(session: Session, dataset: Dataset, run: Run, now: datetime) -> lis
                 payload={"dataset": dataset.name, "run_id": run.run_id, "revision": run.revision},
                 destinations=[d.key for d in dataset.destinations],
                 now=now,
-            )
+            ),
+            *emptied.events,
         ]
     fallback.revision += 1
-    return [
-        publish(
-            session,
-            dataset,
-            fallback,
-            records=_valid_records(session, fallback.run_id),
-            previous=current,
-            now=now,
-            replacing=run.run_id,
-        )
-    ]
+    return publish(
+        session,
+        dataset,
+        fallback,
+        records=_valid_records(session, fallback.run_id),
+        previous=current,
+        now=now,
+        schema=schema,
+        replacing=run.run_id,
+    )
 
 
 def _valid_records(session: Session, run_id: str) -> int:

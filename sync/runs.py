@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
-from sync import evidence, logs, outbox, publication
+from sync import dataset_schema, evidence, logs, outbox, publication
 from sync.acceptance.facts import ACCEPTED, CANDIDATE, NO_PARTITION, Judgement
 from sync.acceptance.verdict import judge, waiting_for_tasks
 from sync.bootstrap import Services
@@ -53,7 +53,8 @@ DECIDED = (RunState.ACCEPTED, RunState.PUBLISHED, RunState.REJECTED)
 OPEN = (RunState.COLLECTING, RunState.CANDIDATE)
 PROBLEMATIC_URL_LIMIT = 500
 CONFLICT_RETRIES = 5
-_RETRYABLE_SQLSTATES = ("40001", "40P01")
+# a serialization failure, a deadlock, a lock not granted in time (a column being added)
+_RETRYABLE_SQLSTATES = ("40001", "40P01", "55P03")
 _CHUNK = 500  # run ids per IN (...) list, well under any driver's parameter limit
 
 
@@ -74,6 +75,7 @@ class Evaluation:
 
 def evaluate_run(services: Services, run_id: str) -> Evaluation:
     """Judge a run and write its verdict, publication and outbox events in one transaction."""
+    _ensure_tables(services, run_id)
     errors = _refresh_cloud_facts(services, run_id)
     for attempt in range(1, CONFLICT_RETRIES + 1):
         try:
@@ -97,6 +99,18 @@ def evaluate_run(services: Services, run_id: str) -> Evaluation:
         },
     )
     return result
+
+
+def _ensure_tables(services: Services, run_id: str) -> None:
+    """Create the run's dataset tables, if missing, before the evaluating transaction needs them."""
+    with services.uow.begin() as session:
+        dataset_name = session.execute(
+            select(Run.dataset).where(Run.run_id == run_id)
+        ).scalar_one_or_none()
+    if dataset_name is not None and dataset_name in services.datasets.by_name:
+        dataset_schema.ensure_tables(
+            services.uow, services.datasets.get(dataset_name), services.settings.data_schema
+        )
 
 
 def _is_conflict(exc: OperationalError | IntegrityError) -> bool:
@@ -210,7 +224,15 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
                 run.revision,
                 reasons=tuple(r.as_dict() for r in judgement.reasons),
             )
-        result = _apply(session, run, dataset, judgement, pending_rows, now)
+        result = _apply(
+            session,
+            run,
+            dataset,
+            judgement,
+            pending_rows,
+            now,
+            schema=services.settings.data_schema,
+        )
         session.commit()
         return result
 
@@ -222,6 +244,8 @@ def _apply(
     judgement: Judgement,
     pending_rows: int,
     now: datetime,
+    *,
+    schema: str,
 ) -> Evaluation:
     old_state = run.state
     old_verdicts = dict(
@@ -258,7 +282,7 @@ def _apply(
             events.append(_announce(session, dataset, run, "run.accepted", summary, now))
             current = publication.current_publication(session, dataset.name)
             if publication.publishes(session, run, current):
-                events.append(
+                events.extend(
                     publication.publish(
                         session,
                         dataset,
@@ -266,12 +290,13 @@ def _apply(
                         records=judgement.counted_records,
                         previous=current,
                         now=now,
+                        schema=schema,
                     )
                 )
         else:
             run.state = RunState.REJECTED
             events.append(_announce(session, dataset, run, "run.rejected", summary, now))
-            events.extend(publication.withdraw(session, dataset, run, now))
+            events.extend(publication.withdraw(session, dataset, run, now, schema=schema))
     _keep_profile(session, run, judgement, now)
     outcome = run.state if changed else "unchanged"
     return Evaluation(

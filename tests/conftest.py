@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, MetaData, inspect, text
+from sqlalchemy import Connection, Engine, MetaData, inspect, text
 
 from sync import db
 from sync.models import Base
@@ -35,10 +35,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+DATA_SCHEMA = "datasets"  # the tests' SCRAPESYNC_DATA_SCHEMA (the default)
+
+
 def _drop_everything(engine: Engine) -> None:
+    if engine.dialect.name == "postgresql":
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA IF EXISTS {DATA_SCHEMA} CASCADE"))
     meta = MetaData()
     meta.reflect(engine)
     meta.drop_all(engine)
+
+
+def dataset_tables(conn: Connection) -> list[str]:
+    """The datasets' tables that exist now, as SQL names (``datasets.products``)."""
+    if conn.dialect.name == "postgresql":
+        names = conn.execute(
+            text("SELECT tablename FROM pg_tables WHERE schemaname = :schema"),
+            {"schema": DATA_SCHEMA},
+        ).scalars()
+        return [f"{DATA_SCHEMA}.{name}" for name in names]
+    return list(
+        conn.execute(
+            text("SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE :prefix"),
+            {"prefix": f"{DATA_SCHEMA}_%"},
+        ).scalars()
+    )
 
 
 @pytest.fixture(scope="session")
@@ -66,9 +88,14 @@ def engine(database_url: str) -> Iterator[Engine]:
 def uow(engine: Engine) -> db.UnitOfWork:
     """A unit of work over empty tables, their id sequences started afresh. The tables are
     emptied with DELETE, children first: on the few rows a test leaves that takes milliseconds,
-    where PostgreSQL's TRUNCATE of every table takes a quarter of a second per test."""
-    tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
+    where PostgreSQL's TRUNCATE of every table takes a quarter of a second per test. The
+    datasets' tables are emptied too and kept, with the registry of their columns, so that a
+    test does not pay for creating them again (tables that hold no rows take other columns
+    when a test's datasets file asks for them)."""
+    tables = [t.name for t in reversed(Base.metadata.sorted_tables) if t.name != "dataset_columns"]
     with engine.begin() as conn:
+        for name in dataset_tables(conn):
+            conn.execute(text(f"DELETE FROM {name}"))  # noqa: S608 - names read from the catalog
         for name in tables:
             conn.execute(text(f"DELETE FROM {name}"))  # noqa: S608 - table names come from the models
         if engine.dialect.name == "postgresql":

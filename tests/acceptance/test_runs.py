@@ -79,9 +79,17 @@ def test_a_clean_job_is_accepted_published_and_announced(
         [],
     )
     assert [p["state"] for p in found.partitions] == ["passed"] * 4
-    assert [e["type"] for e in found.events] == ["run.accepted", "dataset.published"]
+    assert [e["type"] for e in found.events] == [
+        "run.accepted",
+        "dataset.published",
+        "dataset.changed",
+    ]
     assert {e["state"] for e in found.events} == {"delivered"}
-    assert sorted(receiver.events.values()) == ["dataset.published", "run.accepted"]
+    assert sorted(receiver.events.values()) == [
+        "dataset.changed",
+        "dataset.published",
+        "run.accepted",
+    ]
     assert all(r.signed for r in receiver.requests)
     assert published(services) == run_id
     assert states_of(services, run_id) == {r: {"valid": 10} for r in states_of(services, run_id)}
@@ -285,7 +293,7 @@ def test_evaluating_again_changes_nothing_and_announces_nothing(
     assert (again.outcome, again.revision, again.events) == ("unchanged", 1, ())
     sync(web, services, job_id)  # Cloud notifies again; the sync finds nothing new
     assert events_of(services) == before
-    assert len(receiver.requests) == 2
+    assert len(receiver.requests) == 3  # accepted, published, changed (a baseline)
 
 
 def test_changed_data_in_a_published_run_is_announced_as_a_new_revision(
@@ -302,7 +310,9 @@ def test_changed_data_in_a_published_run_is_announced_as_a_new_revision(
     published_events = receiver.of_type("dataset.published")
     assert [e.body["data"]["revision"] for e in published_events] == [1, 2]
     assert published_events[1].body["data"]["records"] == 44
-    assert len(set(receiver.events)) == 4
+    assert len(set(receiver.events)) == 6  # accepted, published and changed, twice
+    added = receiver.of_type("dataset.changed")[1].body["data"]
+    assert (added["revision"], added["counts"]["added"], len(added["added"])) == (2, 4, 4)
 
 
 @pytest.mark.slow
@@ -516,6 +526,7 @@ def test_concurrent_evaluations_of_one_run_announce_it_once(
     assert events_of(services) == [
         (run_id_of(job_id), "run.accepted"),
         (run_id_of(job_id), "dataset.published"),
+        (run_id_of(job_id), "dataset.changed"),
     ]
 
 

@@ -139,15 +139,16 @@ def test_the_outbox_backlog_goes_up_when_events_wait_and_down_when_delivered(
     receiver: Receiver,
     scrape: Callable[[], Samples],
 ) -> None:
-    """Two announcements written but not sent raise the backlog; the relay brings it to zero."""
+    """Three announcements written but not sent (accepted, published, changed) raise the
+    backlog; the relay brings it to zero."""
     assert value(scrape(), "scrapesync_outbox_backlog") == 0
     _run_id, events = accept_quietly(services, cloud)
     waiting = scrape()
-    assert value(waiting, "scrapesync_outbox_backlog") == len(events) == 2
+    assert value(waiting, "scrapesync_outbox_backlog") == len(events) == 3
     assert value(waiting, "scrapesync_outbox_oldest_undelivered_age_seconds") >= 0
     report = outbox.relay(services)
-    assert report.delivered == 2
-    assert len(receiver.requests) == 2
+    assert report.delivered == 3
+    assert len(receiver.requests) == 3
     drained = scrape()
     assert value(drained, "scrapesync_outbox_backlog") == 0
     assert value(drained, "scrapesync_outbox_oldest_undelivered_age_seconds") == 0

@@ -1,0 +1,182 @@
+"""Each dataset's tables as they stand in the database, and the registry that says so.
+
+The ``dataset_columns`` registry names the typed columns each dataset's tables hold (column,
+source field, type, decimal mark, position); the tables are always built from it, never from
+the datasets file directly, so a file edited before ``scrapesync db upgrade`` ran cannot make a
+publication write a column that does not exist. A dataset with configured columns is
+registered with them when its tables are first made; one with none (every field a ``text``
+column) gains a column the first time a run brings a field it has not seen.
+
+The tables are created, if missing, in a short transaction of their own before a run is
+evaluated (and by ``scrapesync db upgrade``), so the evaluating transaction only writes rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable
+
+from sqlalchemy import delete, func, inspect, select, text
+from sqlalchemy import exists as sa_exists
+from sqlalchemy.orm import Session
+from sqlalchemy.schema import CreateSchema
+
+from config.columns import MAX_NAME, Column, column_name_for
+from config.datasets import Dataset
+from sync.dataset_tables import DatasetTables, comment_for, sql_type, tables_for
+from sync.db import UnitOfWork
+from sync.models import DatasetColumn
+
+# A column added while readers hold the table waits this long for its lock, then the
+# evaluation fails with a lock timeout and is retried.
+LOCK_TIMEOUT = "5s"
+
+
+def dialect_of(session: Session) -> str:
+    """``postgresql`` or ``sqlite``: the database the session talks to."""
+    return session.get_bind().dialect.name
+
+
+def registered_columns(session: Session, dataset: str) -> tuple[Column, ...]:
+    """The typed columns the dataset's tables hold now, in their order."""
+    rows = session.execute(
+        select(DatasetColumn)
+        .where(DatasetColumn.dataset == dataset)
+        .order_by(DatasetColumn.position, DatasetColumn.column_name)
+    ).scalars()
+    return tuple(Column(r.column_name, r.field, r.type, r.decimal) for r in rows)
+
+
+def register(session: Session, dataset: str, columns: Iterable[Column]) -> None:
+    """Record ``columns`` as the dataset's typed columns, replacing what was registered."""
+    session.execute(delete(DatasetColumn).where(DatasetColumn.dataset == dataset))
+    for position, column in enumerate(columns):
+        session.add(
+            DatasetColumn(
+                dataset=dataset,
+                column_name=column.name,
+                field=column.field,
+                type=column.type,
+                decimal=column.decimal,
+                position=position,
+            )
+        )
+    session.flush()
+
+
+def tables_in(session: Session, dataset: str, schema: str) -> DatasetTables:
+    """The dataset's tables with the columns they hold now."""
+    return tables_for(
+        dataset, registered_columns(session, dataset), dialect=dialect_of(session), schema=schema
+    )
+
+
+def lock_dataset(session: Session, dataset: str) -> None:
+    """Serialise changes to one dataset's tables for the rest of the transaction (PostgreSQL;
+    SQLite's single writer serialises them already)."""
+    if dialect_of(session) == "postgresql":
+        key = int.from_bytes(hashlib.sha256(f"dataset:{dataset}".encode()).digest()[:8], "big")
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key - (1 << 63)})
+
+
+def wanted_columns(dataset: Dataset, registered: tuple[Column, ...]) -> tuple[Column, ...]:
+    """The columns the datasets file asks for: the configured ones, or with none configured
+    the registered ``text`` columns grown from the fields seen (none if any is typed)."""
+    if dataset.columns:
+        return dataset.columns
+    return registered if all(c.type == "text" for c in registered) else ()
+
+
+def create_tables(session: Session, dataset: Dataset, schema: str) -> DatasetTables:
+    """Create the dataset's schema and tables if they are missing, with the columns the
+    datasets file asks for; tables that never held a published row are made afresh when the
+    file asks for other columns (a change to tables with rows waits for ``db upgrade``). In the
+    caller's transaction."""
+    lock_dataset(session, dataset.name)
+    dialect = dialect_of(session)
+    registered = registered_columns(session, dataset.name)
+    wanted = wanted_columns(dataset, registered)
+    tables = tables_for(dataset.name, registered, dialect=dialect, schema=schema)
+    if dialect == "postgresql":
+        session.execute(CreateSchema(schema, if_not_exists=True))
+    if registered != wanted:
+        exists = inspect(session.connection()).has_table(tables.history.name, schema=tables.schema)
+        if not exists or _never_published(session, tables):
+            tables.metadata.drop_all(session.connection(), checkfirst=True)
+            register(session, dataset.name, wanted)
+            tables = tables_for(dataset.name, wanted, dialect=dialect, schema=schema)
+    tables.metadata.create_all(session.connection(), checkfirst=True)
+    return tables
+
+
+def _never_published(session: Session, tables: DatasetTables) -> bool:
+    return (
+        not session.execute(select(sa_exists().select_from(tables.history))).scalar_one()
+        and not session.execute(select(sa_exists().select_from(tables.current))).scalar_one()
+    )
+
+
+def ensure_tables(uow: UnitOfWork, dataset: Dataset, schema: str) -> None:
+    """Make sure the dataset's tables exist, in a short transaction of their own."""
+    with uow.begin() as session:
+        create_tables(session, dataset, schema)
+        session.commit()
+
+
+def new_columns(known: tuple[Column, ...], fields: Iterable[str]) -> tuple[Column, ...]:
+    """``text`` columns for the fields no registered column is cast from, named as
+    :func:`config.columns.column_name_for` names them (a name already taken gets a short hash of
+    its field)."""
+    taken = {c.name for c in known}
+    seen = {c.field for c in known}
+    added: list[Column] = []
+    for field in sorted(set(fields) - seen):
+        name = column_name_for(field)
+        if name in taken:
+            digest = hashlib.sha256(field.encode()).hexdigest()[:8]
+            name = f"{name[: MAX_NAME - 9]}_{digest}"
+        taken.add(name)
+        added.append(Column(name=name, field=field))
+    return tuple(added)
+
+
+def add_columns(
+    session: Session, tables: DatasetTables, columns: tuple[Column, ...], schema: str
+) -> DatasetTables:
+    """Add nullable ``columns`` to the dataset's table and its history (earlier rows hold NULL
+    in them) and register them; in the caller's transaction. Returns the tables as they now are."""
+    if not columns:
+        return tables
+    dialect = session.get_bind().dialect
+    quote = dialect.identifier_preparer.quote
+    if dialect.name == "postgresql":
+        session.execute(text(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'"))
+    for table in (tables.current, tables.history):
+        name = tables.qualified(table)
+        target = ".".join(quote(part) for part in name.split("."))
+        for column in columns:
+            kind = sql_type(column).compile(dialect=dialect)
+            session.execute(text(f"ALTER TABLE {target} ADD COLUMN {quote(column.name)} {kind}"))
+            if dialect.name == "postgresql":
+                comment = comment_for(column).replace("'", "''")
+                session.execute(
+                    text(f"COMMENT ON COLUMN {target}.{quote(column.name)} IS '{comment}'")
+                )
+    position = session.execute(
+        select(func.coalesce(func.max(DatasetColumn.position), -1)).where(
+            DatasetColumn.dataset == tables.dataset
+        )
+    ).scalar_one()
+    for offset, column in enumerate(columns, start=1):
+        session.add(
+            DatasetColumn(
+                dataset=tables.dataset,
+                column_name=column.name,
+                field=column.field,
+                type=column.type,
+                decimal=column.decimal,
+                position=position + offset,
+            )
+        )
+    session.flush()
+    return tables_for(tables.dataset, tables.columns + columns, dialect=dialect.name, schema=schema)

@@ -1,0 +1,255 @@
+"""Bringing a dataset's table ``X`` to its published run, inside the transaction that moves the
+published pointer, so a reader holding one snapshot sees the old run or the new one whole.
+
+The published view of run R: R's observations marked valid (its passed partitions), plus the
+rows ``X`` already holds of the partitions R quarantined (kept as they are, with the run id they
+came from; never reported removed). Every other entity leaves ``X``. Rejected runs and
+quarantined partitions never appear.
+
+Only what changed is read into Python: the database itself finds R's observations whose entity
+is new to ``X`` or whose payload hash differs from the row's, and the rows of ``X`` that R no
+longer has; those are cast and compared (:func:`sync.changes.compare`), written in bulk, and
+recorded in the history (:mod:`sync.dataset_history`) and the change feed
+(:mod:`sync.change_feed`). The rows R left as they were only take R's run id and window, in one
+UPDATE.
+
+Withdrawal: when a published run is rejected later, its publication is undone in the history
+(the stretches it opened are deleted, those it closed reopened) and ``X`` is brought to the run
+the pointer falls back to; with none to fall back on, ``X`` is emptied and every entity is
+reported removed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import Text, cast, exists, func, select, update
+from sqlalchemy.orm import Session
+
+from config.columns import watch_by_column
+from config.datasets import Dataset
+from sync import change_feed, dataset_history, dataset_schema
+from sync.acceptance.facts import NO_PARTITION
+from sync.casts import cast_record
+from sync.changes import ChangeSet, Values, compare
+from sync.dataset_history import Row
+from sync.dataset_rows import delete_keys, insert_rows
+from sync.dataset_tables import DatasetTables
+from sync.models import Observation, PartitionVerdict, Publication, Run
+from sync.states import PartitionState, ValidationState
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """An observation of the run that ``X`` does not hold as it is."""
+
+    entity_key: str
+    partition: str | None
+    payload: dict[str, Any]
+    payload_hash: str
+    before: Values | None  # the row X holds now, if any
+
+
+@dataclass(frozen=True)
+class Materialised:
+    """What a publication did to the dataset's tables: the change set and its events."""
+
+    changes: ChangeSet
+    events: tuple[str, ...]
+
+
+def apply_publication(
+    session: Session,
+    dataset: Dataset,
+    run: Run,
+    *,
+    schema: str,
+    now: datetime,
+    previous_run_id: str | None = None,
+    replacing: str | None = None,
+) -> Materialised:
+    """Bring the dataset's table to ``run``'s published view, with its history and change feed;
+    ``replacing`` is a published run being withdrawn in its favour."""
+    tables = dataset_schema.tables_in(session, dataset.name, schema)
+    seen = _new_and_changed(session, tables, run.run_id)
+    if not dataset.columns:
+        fields = {name for s in seen for name in s.payload}
+        added = dataset_schema.new_columns(tables.columns, fields)
+        tables = dataset_schema.add_columns(session, tables, added, schema)
+    quarantined = _quarantined(session, run.run_id)
+    gone = {
+        key: values
+        for key, (partition, values) in _missing(session, tables, run.run_id).items()
+        if (partition if partition is not None else NO_PARTITION) not in quarantined
+    }
+    rows: dict[str, Row | None] = dict.fromkeys(gone)
+    failures: dict[str, list[dict[str, Any]] | None] = {}
+    before: dict[str, Values] = dict(gone)
+    after: dict[str, Values] = {}
+    for s in seen:
+        values, failed = cast_record(tables.columns, s.payload)
+        rows[s.entity_key] = Row(values, s.partition, s.payload_hash)
+        failures[s.entity_key] = [f.as_dict() for f in failed] or None
+        after[s.entity_key] = values
+        if s.before is not None:
+            before[s.entity_key] = s.before
+    baseline = not _published_before(session, dataset.name)
+    changes = compare(
+        dataset.name,
+        run.run_id,
+        previous_run_id,
+        before,
+        after,
+        watch_by_column(dataset.watch),
+        baseline=baseline,
+    )
+    start = dataset_history.window_start(run)
+    fresh = dataset_history.is_empty(session, tables)
+    # a run published again corrects what it wrote before; a fallback undoes the withdrawn run
+    undo = {replacing} if replacing else {run.run_id}
+    dates = dataset_history.record(
+        session, tables, rows, run_id=run.run_id, start=start, undo=undo, fresh=fresh
+    )
+    replaced = [s.entity_key for s in seen if s.before is not None]
+    delete_keys(session, tables.current, "entity_key", replaced + list(gone))
+    insert_rows(
+        session,
+        tables.current,
+        [
+            {
+                "entity_key": s.entity_key,
+                **after[s.entity_key],
+                "partition": s.partition,
+                "run_id": run.run_id,
+                "collection_window": run.collection_window,
+                "first_seen_at": dates[s.entity_key].first_seen_at,
+                "last_changed_at": dates[s.entity_key].last_changed_at,
+                "cast_failures": failures[s.entity_key],
+                "payload_hash": s.payload_hash,
+            }
+            for s in seen
+        ],
+    )
+    _take_unchanged(session, tables, run)
+    events = change_feed.announce(session, tables, dataset, changes, revision=run.revision, now=now)
+    return Materialised(changes, tuple(events))
+
+
+def apply_withdrawal(
+    session: Session, dataset: Dataset, run: Run, *, schema: str, now: datetime
+) -> Materialised:
+    """Empty the dataset's table when its published ``run`` is withdrawn with no other run to
+    fall back on: the run's own stretches are undone and every other open one ends at its
+    window; every entity is reported removed."""
+    tables = dataset_schema.tables_in(session, dataset.name, schema)
+    names = [c.name for c in tables.columns]
+    current = tables.current
+    before = {
+        r["entity_key"]: {n: r[n] for n in names}
+        for r in session.execute(select(current)).mappings()
+    }
+    changes = compare(dataset.name, run.run_id, run.run_id, before, {}, {})
+    dataset_history.record(
+        session,
+        tables,
+        dict.fromkeys(before),
+        run_id=run.run_id,
+        start=dataset_history.window_start(run),
+        undo={run.run_id},
+    )
+    session.execute(current.delete())
+    events = change_feed.announce(session, tables, dataset, changes, revision=run.revision, now=now)
+    return Materialised(changes, tuple(events))
+
+
+def _valid(run_id: str) -> Any:
+    o = Observation.__table__.c
+    return (o.run_id == run_id) & (o.validation_state == ValidationState.VALID)
+
+
+def _new_and_changed(session: Session, tables: DatasetTables, run_id: str) -> list[_Seen]:
+    """The run's valid observations whose entity ``X`` lacks or holds with another payload
+    hash, with the row ``X`` holds of it."""
+    o = Observation.__table__.c
+    x = tables.current.c
+    names = [c.name for c in tables.columns]
+    query = (
+        select(
+            o.entity_key,
+            o.partition,
+            cast(o.payload, Text).label("_payload"),
+            o.payload_hash,
+            x.entity_key.label("_known"),
+            *(x[n].label(f"_x_{n}") for n in names),
+        )
+        .select_from(Observation.__table__.outerjoin(tables.current, x.entity_key == o.entity_key))
+        .where(_valid(run_id), x.entity_key.is_(None) | (x.payload_hash != o.payload_hash))
+    )
+    found = []
+    for r in session.execute(query).mappings():
+        known = r["_known"] is not None
+        found.append(
+            _Seen(
+                entity_key=r["entity_key"],
+                partition=r["partition"],
+                payload=orjson.loads(r["_payload"]),
+                payload_hash=r["payload_hash"],
+                before={n: r[f"_x_{n}"] for n in names} if known else None,
+            )
+        )
+    return found
+
+
+def _missing(
+    session: Session, tables: DatasetTables, run_id: str
+) -> dict[str, tuple[str | None, Values]]:
+    """The rows of ``X`` whose entity has no valid observation in the run: entity key ->
+    (partition, values)."""
+    o = Observation.__table__.c
+    x = tables.current.c
+    names = [c.name for c in tables.columns]
+    if dataset_schema.dialect_of(session) == "postgresql":  # a hash anti-join
+        absent = ~exists().where(_valid(run_id), o.entity_key == x.entity_key)
+    else:  # SQLite makes the list an ephemeral index, where NOT EXISTS scans per row
+        absent = x.entity_key.not_in(select(o.entity_key).where(_valid(run_id)))
+    query = select(x.entity_key, x.partition, *(x[n] for n in names)).where(absent)
+    return {
+        r["entity_key"]: (r["partition"], {n: r[n] for n in names})
+        for r in session.execute(query).mappings()
+    }
+
+
+def _quarantined(session: Session, run_id: str) -> set[str]:
+    """The partitions the run quarantined (``(none)`` for records of no partition)."""
+    return set(
+        session.execute(
+            select(PartitionVerdict.partition).where(
+                PartitionVerdict.run_id == run_id,
+                PartitionVerdict.state == PartitionState.QUARANTINED,
+            )
+        ).scalars()
+    )
+
+
+def _published_before(session: Session, dataset: str) -> bool:
+    """Whether the dataset had a publication before the one being made."""
+    count = session.execute(select(func.count()).where(Publication.dataset == dataset)).scalar_one()
+    return int(count) > 1
+
+
+def _take_unchanged(session: Session, tables: DatasetTables, run: Run) -> None:
+    """The rows the run observed unchanged now come from it."""
+    o = Observation.__table__.c
+    x = tables.current.c
+    session.execute(
+        update(tables.current)
+        .where(
+            x.run_id != run.run_id,
+            x.entity_key.in_(select(o.entity_key).where(_valid(run.run_id))),
+        )
+        .values(run_id=run.run_id, collection_window=run.collection_window)
+        .execution_options(synchronize_session=False)
+    )

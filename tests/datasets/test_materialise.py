@@ -1,0 +1,311 @@
+"""Publication's effect on the typed tables, driven without Cloud: observations written as a
+sync leaves them, then published, published again, withdrawn."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import pytest
+from sqlalchemy import func, select
+
+from config.datasets import Dataset
+from sync import dataset_schema, publication
+from sync.bootstrap import Services
+from sync.identity import observation_key
+from sync.models import Observation, PartitionVerdict, Publication, Run
+from sync.states import PartitionState, RunState, ValidationState
+from tests.datasets.flow import (
+    assert_rows_are_open_stretches,
+    change_rows,
+    current_rows,
+    history_rows,
+    tables,
+)
+
+Records = Mapping[str, Mapping[str, str]]  # entity key -> payload
+DAY = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def products(services: Services, **changes: object) -> Dataset:
+    """The typed products dataset, in daily windows."""
+    return replace(services.datasets.get("products"), window="daily", **changes)  # type: ignore[arg-type]
+
+
+def records(n: int, *, price: str = "10.00", start: int = 0) -> dict[str, dict[str, str]]:
+    """``n`` products of one retailer at one price."""
+    return {
+        f"S{i:05d}": {"sku": f"S{i:05d}", "title": f"T{i}", "price": price, "retailer": "r1"}
+        for i in range(start, start + n)
+    }
+
+
+def publish(
+    services: Services,
+    dataset: Dataset,
+    day: int,
+    found: Records,
+    *,
+    partitions: Mapping[str, Records] | None = None,
+    quarantined: frozenset[str] = frozenset(),
+) -> str:
+    """Write one daily window's observations (``found`` in partition ``r1``, plus any others)
+    and publish the run as an accepted verdict does, the ``quarantined`` partitions failed;
+    its run id."""
+    window = (DAY + timedelta(days=day)).strftime("%Y-%m-%d")
+    run_id = dataset.run_id_for(window)
+    now = DAY + timedelta(days=day, hours=6)
+    groups = {"r1": found, **(partitions or {})}
+    dataset_schema.ensure_tables(services.uow, dataset, services.settings.data_schema)
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            run = Run(run_id=run_id, dataset=dataset.name, collection_window=window, created_at=now)
+            session.add(run)
+            session.flush()
+        rows = [
+            {
+                "observation_key": observation_key(dataset.name, window, key),
+                "dataset": dataset.name,
+                "entity_key": key,
+                "run_id": run_id,
+                "collection_window": window,
+                "partition": partition,
+                "payload": payload,
+                "payload_hash": hashlib.sha256(
+                    json.dumps(payload, sort_keys=True).encode()
+                ).hexdigest(),
+                "source_job_id": day,
+                "source_attempt_id": "a",
+                "validation_state": ValidationState.QUARANTINED
+                if partition in quarantined
+                else ValidationState.VALID,
+            }
+            for partition, group in groups.items()
+            for key, payload in group.items()
+        ]
+        session.execute(Observation.__table__.delete().where(Observation.run_id == run_id))
+        if rows:
+            session.execute(Observation.__table__.insert(), rows)
+        session.execute(
+            PartitionVerdict.__table__.delete().where(PartitionVerdict.run_id == run_id)
+        )
+        for partition in groups:
+            state = (
+                PartitionState.QUARANTINED if partition in quarantined else PartitionState.PASSED
+            )
+            session.add(PartitionVerdict(run_id=run_id, partition=partition, state=state))
+        run.revision += 1
+        run.state = RunState.ACCEPTED
+        publication.publish(
+            session,
+            dataset,
+            run,
+            records=len(rows),
+            previous=publication.current_publication(session, dataset.name),
+            now=now,
+            schema=services.settings.data_schema,
+        )
+        session.commit()
+    return run_id
+
+
+def withdraw(services: Services, dataset: Dataset, run_id: str) -> None:
+    """The published run is rejected on a later evaluation."""
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        run.revision += 1
+        run.state = RunState.REJECTED
+        publication.withdraw(
+            session, dataset, run, run.updated_at, schema=services.settings.data_schema
+        )
+        session.commit()
+
+
+def stretches(services: Services, key: str) -> list[tuple[object, datetime, datetime | None]]:
+    """One entity's history: (price, valid_from, valid_to)."""
+    return [
+        (h["price"], h["valid_from"], h["valid_to"])
+        for h in history_rows(services)
+        if h["entity_key"] == key
+    ]
+
+
+def test_valid_from_and_valid_to_are_window_starts_and_an_entity_that_returns_opens_a_stretch(
+    services: Services,
+) -> None:
+    """Gone on day 1, back on day 2: two stretches, from midnight UTC of their windows."""
+    dataset = products(services)
+    publish(services, dataset, 0, records(3))
+    publish(services, dataset, 1, records(2))
+    publish(services, dataset, 2, records(3))
+    assert stretches(services, "S00002") == [
+        (Decimal("10.00"), DAY, DAY + timedelta(days=1)),
+        (Decimal("10.00"), DAY + timedelta(days=2), None),
+    ]
+    row = current_rows(services)["S00002"]
+    assert (row["first_seen_at"], row["last_changed_at"]) == (DAY, DAY + timedelta(days=2))
+    assert current_rows(services)["S00000"]["last_changed_at"] == DAY
+    assert_rows_are_open_stretches(services)
+
+
+def test_a_run_published_again_corrects_its_own_stretches_in_place(services: Services) -> None:
+    """A second revision of one window rewrites what the first opened: no stretch of zero
+    length, and a value set back to the earlier one reopens the earlier stretch."""
+    dataset = products(services)
+    publish(services, dataset, 0, records(3))
+    changed = records(3)
+    changed["S00000"] = {**changed["S00000"], "price": "12.00"}
+    changed["S00001"] = {**changed["S00001"], "price": "13.00"}
+    publish(services, dataset, 1, changed)
+    again = records(3)
+    again["S00000"] = {**again["S00000"], "price": "14.00"}  # corrected
+    del again["S00002"]  # gone after all
+    publish(services, dataset, 1, again)  # S00001 back at 10.00
+    day1 = DAY + timedelta(days=1)
+    assert stretches(services, "S00000") == [
+        (Decimal("10.00"), DAY, day1),
+        (Decimal("14.00"), day1, None),
+    ]
+    assert stretches(services, "S00001") == [(Decimal("10.00"), DAY, None)]
+    assert stretches(services, "S00002") == [(Decimal("10.00"), DAY, day1)]
+    assert all(
+        h["valid_to"] is None or h["valid_to"] > h["valid_from"] for h in history_rows(services)
+    )
+    second = [c for c in change_rows(services) if c["revision"] == 2]
+    assert sorted((c["entity_key"], c["kind"]) for c in second) == [
+        ("S00000", "changed"),
+        ("S00001", "changed"),
+        ("S00002", "removed"),
+    ]
+    assert_rows_are_open_stretches(services)
+
+
+def test_a_withdrawn_run_is_undone_in_history_and_the_table_falls_back(
+    services: Services,
+) -> None:
+    """Day 1 is rejected after its publication: the table is day 0's again, day 1's stretches
+    are gone and those it closed are open again; the fallback's changes are reported."""
+    dataset = products(services)
+    publish(services, dataset, 0, records(3))
+    after_day0 = history_rows(services)
+    changed = records(2, price="11.00")
+    changed.update(records(1, start=9))
+    day1 = publish(services, dataset, 1, changed)
+    withdraw(services, dataset, day1)
+    assert current_rows(services).keys() == records(3).keys()
+    assert {r["price"] for r in current_rows(services).values()} == {Decimal("10.00")}
+    assert [(h["id"], h["valid_to"]) for h in history_rows(services)] == [
+        (h["id"], None) for h in after_day0
+    ]
+    fallback = [c for c in change_rows(services) if c["run_id"] != day1]
+    assert sorted((c["entity_key"], c["kind"]) for c in fallback) == [
+        ("S00000", "changed"),
+        ("S00001", "changed"),
+        ("S00002", "added"),
+        ("S00009", "removed"),
+    ]
+    with services.uow.begin() as session:
+        current = publication.current_publication(session, "products")
+        assert current is not None
+        assert current.changes == {
+            "added": 1,
+            "removed": 1,
+            "changed": 2,
+            "baseline": False,
+            "previous_run_id": day1,
+        }
+    assert_rows_are_open_stretches(services)
+
+
+def test_a_withdrawn_run_with_nothing_to_fall_back_on_empties_the_table(
+    services: Services,
+) -> None:
+    """The only published run is rejected: no rows, and its stretches undone like any
+    withdrawn run's (a rejected run's values never stay in datasets.*); all reported removed."""
+    dataset = products(services)
+    day0 = publish(services, dataset, 0, records(3))
+    withdraw(services, dataset, day0)
+    assert current_rows(services) == {}
+    assert history_rows(services) == []
+    assert sorted(c["kind"] for c in change_rows(services)) == ["removed"] * 3
+    assert_rows_are_open_stretches(services)
+
+
+def test_a_quarantined_partition_keeps_its_rows_and_a_passing_one_moves_on(
+    services: Services,
+) -> None:
+    """Entities of a partition the run quarantined stay as the last accepted run left them,
+    with its run id, and are not reported removed; those of a passing partition move on."""
+    dataset = products(services)
+    day0 = publish(services, dataset, 0, records(2), partitions={"r2": records(2, start=5)})
+    day1 = publish(
+        services,
+        dataset,
+        1,
+        records(1),
+        partitions={"r2": records(1, start=5, price="99.00")},
+        quarantined=frozenset({"r2"}),
+    )
+    rows = current_rows(services)
+    assert {k: (r["run_id"], r["price"]) for k, r in rows.items()} == {
+        "S00000": (day1, Decimal("10.00")),
+        "S00005": (day0, Decimal("10.00")),
+        "S00006": (day0, Decimal("10.00")),
+    }
+    assert [(c["entity_key"], c["kind"]) for c in change_rows(services)] == [("S00001", "removed")]
+    assert_rows_are_open_stretches(services)
+
+
+@pytest.mark.slow
+def test_many_entities_are_published_in_bulk_and_an_unchanged_repeat_writes_no_change(
+    services: Services,
+) -> None:
+    """Above COPY's threshold the same rows arrive; a next window of the same values moves the
+    rows to its run and changes nothing else."""
+    dataset = products(services)
+    publish(services, dataset, 0, records(1200))
+    day1 = publish(services, dataset, 1, records(1200))
+    rows = current_rows(services)
+    assert len(rows) == 1200
+    assert {r["run_id"] for r in rows.values()} == {day1}
+    assert len(history_rows(services)) == 1200
+    assert change_rows(services) == []
+    with services.uow.begin() as session:
+        counts = (
+            session.execute(select(Publication.changes).order_by(Publication.id)).scalars().all()
+        )
+    assert [c["baseline"] for c in counts] == [True, False]  # type: ignore[index]
+    assert counts[0]["added"] == 1200  # type: ignore[index]
+    assert counts[1] == {
+        "added": 0,
+        "removed": 0,
+        "changed": 0,
+        "baseline": False,
+        "previous_run_id": dataset.run_id_for("2026-11-01"),
+    }
+
+
+@pytest.mark.slow
+def test_thirty_windows_of_ten_thousand_with_one_percent_changed_grow_history_by_the_changes(
+    services: Services,
+) -> None:
+    """History grows with changes, not with windows: 10,000 + 30 x 100 stretches."""
+    dataset = products(services)
+    found = records(10_000)
+    publish(services, dataset, 0, found)
+    for day in range(1, 31):
+        for i in range(100):
+            key = f"S{(day * 100 + i) % 10_000:05d}"
+            found[key] = {**found[key], "price": f"{10 + day}.00"}
+        publish(services, dataset, day, found)
+    h = tables(services).history
+    with services.uow.begin() as session:
+        total = session.execute(select(func.count()).select_from(h)).scalar_one()
+    assert total == 10_000 + 30 * 100
+    assert_rows_are_open_stretches(services)
