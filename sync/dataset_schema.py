@@ -21,8 +21,9 @@ from sqlalchemy import exists as sa_exists
 from sqlalchemy.orm import Session
 from sqlalchemy.schema import CreateSchema
 
-from config.columns import MAX_NAME, Column, column_name_for
+from config.columns import MAX_NAME, RESERVED_COLUMNS, Column, column_name_for
 from config.datasets import Dataset
+from sync.dataset_columns import registered_columns
 from sync.dataset_tables import DatasetTables, comment_for, sql_type, tables_for
 from sync.db import UnitOfWork
 from sync.models import DatasetColumn
@@ -35,16 +36,6 @@ LOCK_TIMEOUT = "5s"
 def dialect_of(session: Session) -> str:
     """``postgresql`` or ``sqlite``: the database the session talks to."""
     return session.get_bind().dialect.name
-
-
-def registered_columns(session: Session, dataset: str) -> tuple[Column, ...]:
-    """The typed columns the dataset's tables hold now, in their order."""
-    rows = session.execute(
-        select(DatasetColumn)
-        .where(DatasetColumn.dataset == dataset)
-        .order_by(DatasetColumn.position, DatasetColumn.column_name)
-    ).scalars()
-    return tuple(Column(r.column_name, r.field, r.type, r.decimal) for r in rows)
 
 
 def register(session: Session, dataset: str, columns: Iterable[Column]) -> None:
@@ -89,24 +80,36 @@ def wanted_columns(dataset: Dataset, registered: tuple[Column, ...]) -> tuple[Co
 
 def create_tables(session: Session, dataset: Dataset, schema: str) -> DatasetTables:
     """Create the dataset's schema and tables if they are missing, with the columns the
-    datasets file asks for; tables that never held a published row are made afresh when the
-    file asks for other columns (a change to tables with rows waits for ``db upgrade``). In the
+    datasets file asks for; tables that never held a published row are made afresh when they
+    hold other columns (a change to tables with rows waits for ``db upgrade``). In the
     caller's transaction."""
     lock_dataset(session, dataset.name)
     dialect = dialect_of(session)
     registered = registered_columns(session, dataset.name)
     wanted = wanted_columns(dataset, registered)
     tables = tables_for(dataset.name, registered, dialect=dialect, schema=schema)
+    connection = session.connection()
     if dialect == "postgresql":
         session.execute(CreateSchema(schema, if_not_exists=True))
-    if registered != wanted:
-        exists = inspect(session.connection()).has_table(tables.history.name, schema=tables.schema)
-        if not exists or _never_published(session, tables):
-            tables.metadata.drop_all(session.connection(), checkfirst=True)
+    built = inspect(connection).has_table(tables.history.name, schema=tables.schema)
+    if not built or _never_published(session, tables):
+        held = _typed_columns_held(session, tables) if built else None
+        if registered != wanted or held != [c.name for c in wanted]:
+            tables.metadata.drop_all(connection, checkfirst=True)
             register(session, dataset.name, wanted)
             tables = tables_for(dataset.name, wanted, dialect=dialect, schema=schema)
-    tables.metadata.create_all(session.connection(), checkfirst=True)
+    tables.metadata.create_all(connection, checkfirst=True)
     return tables
+
+
+def _typed_columns_held(session: Session, tables: DatasetTables) -> list[str] | None:
+    """The typed columns the dataset's table has in the database, in order (None if it has no
+    table)."""
+    found = inspect(session.connection())
+    if not found.has_table(tables.current.name, schema=tables.schema):
+        return None
+    names = [c["name"] for c in found.get_columns(tables.current.name, schema=tables.schema)]
+    return [n for n in names if n not in RESERVED_COLUMNS]
 
 
 def _never_published(session: Session, tables: DatasetTables) -> bool:

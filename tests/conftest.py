@@ -89,10 +89,10 @@ def uow(engine: Engine) -> db.UnitOfWork:
     """A unit of work over empty tables, their id sequences started afresh. The tables are
     emptied with DELETE, children first: on the few rows a test leaves that takes milliseconds,
     where PostgreSQL's TRUNCATE of every table takes a quarter of a second per test. The
-    datasets' tables are emptied too and kept, with the registry of their columns, so that a
-    test does not pay for creating them again (tables that hold no rows take other columns
-    when a test's datasets file asks for them)."""
-    tables = [t.name for t in reversed(Base.metadata.sorted_tables) if t.name != "dataset_columns"]
+    datasets' tables are emptied too and kept, so that a test does not pay for creating them
+    again when it asks for the same columns (empty tables holding other columns than the
+    registry, emptied here too, are made afresh)."""
+    tables = [t.name for t in reversed(Base.metadata.sorted_tables)]
     with engine.begin() as conn:
         for name in dataset_tables(conn):
             conn.execute(text(f"DELETE FROM {name}"))  # noqa: S608 - names read from the catalog
