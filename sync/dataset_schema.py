@@ -91,13 +91,15 @@ def create_tables(session: Session, dataset: Dataset, schema: str) -> DatasetTab
     connection = session.connection()
     if dialect == "postgresql":
         session.execute(CreateSchema(schema, if_not_exists=True))
-    built = inspect(connection).has_table(tables.history.name, schema=tables.schema)
-    if not built or _never_published(session, tables):
-        held = _typed_columns_held(session, tables) if built else None
-        if registered != wanted or held != [c.name for c in wanted]:
-            tables.metadata.drop_all(connection, checkfirst=True)
-            register(session, dataset.name, wanted)
-            tables = tables_for(dataset.name, wanted, dialect=dialect, schema=schema)
+    # the catalog first: reading the tables themselves would wait on (and could deadlock with)
+    # an evaluation adding a column to them
+    held = _typed_columns_held(session, tables)
+    if (registered != wanted or held != [c.name for c in wanted]) and (
+        held is None or _never_published(session, tables)
+    ):
+        tables.metadata.drop_all(connection, checkfirst=True)
+        register(session, dataset.name, wanted)
+        tables = tables_for(dataset.name, wanted, dialect=dialect, schema=schema)
     tables.metadata.create_all(connection, checkfirst=True)
     return tables
 
@@ -106,6 +108,8 @@ def _typed_columns_held(session: Session, tables: DatasetTables) -> list[str] | 
     """The typed columns the dataset's table has in the database, in order (None if it has no
     table)."""
     found = inspect(session.connection())
+    if not found.has_table(tables.history.name, schema=tables.schema):
+        return None
     if not found.has_table(tables.current.name, schema=tables.schema):
         return None
     names = [c["name"] for c in found.get_columns(tables.current.name, schema=tables.schema)]

@@ -79,7 +79,7 @@ def test_the_demo_runs_the_whole_flow_without_any_configuration(tmp_path: Path) 
     assert "Cloud scraped 300 records and notified 2 times" in out
     assert "synced 300 observations into SQL" in out
     assert "accepted and published" in out
-    assert "(run.accepted, dataset.published); signatures valid" in out
+    assert "(run.accepted, dataset.published, dataset.changed); signatures valid" in out
     assert "a second pass: nothing to do" in out
     run_line = next(line for line in out.splitlines() if line.startswith("products-"))
     assert run_line.split()[1:] == ["published", "300", "300", "100%", "0", "0", "yes"]
@@ -89,7 +89,7 @@ def test_the_demo_runs_the_whole_flow_without_any_configuration(tmp_path: Path) 
     events = [json.loads(line)["event"] for line in log_lines]
     assert events.count("notification.accepted") == 2
     assert "attempt.committed" in events
-    assert events.count("delivery.delivered") == 2
+    assert events.count("delivery.delivered") == 3  # accepted, published, changed
     assert "api_token=" not in "".join(log_lines)
 
 
