@@ -58,9 +58,9 @@ def test_a_worker_killed_after_acceptance_delivers_each_event_once_after_restart
     assert published(services) == run_id_of(job_id)
     with services.uow.begin() as session:
         events = {e.event_id: e.state for e in session.execute(select(OutboxEvent)).scalars()}
-    assert sorted(events.values()) == ["unsent", "unsent"]
+    assert sorted(events.values()) == ["unsent"] * 3  # accepted, published, changed
     assert loopback.requests == []
-    assert jobs.maintain()["deliveries_due"] == 2
+    assert jobs.maintain()["deliveries_due"] == 3
     recovered = run_worker(env)
     assert recovered.returncode == 0, recovered.stderr[-2000:]
     assert sorted(r.event_id for r in loopback.requests) == sorted(events)
