@@ -12,21 +12,50 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import QueuePool
+from sqlalchemy.util.queue import Empty
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 CONNECT_TIMEOUT = 10  # a database that does not answer fails a pass; it never hangs one
 RECYCLE_SECONDS = 1800  # under the idle cut-off of hosted PostgreSQL and of PgBouncer
 POOLS: dict[str, dict[str, Any]] = {
-    # Each gunicorn process keeps one idle connection and opens one more in a burst; its
-    # threads wait for those two rather than take connections the workers need.
-    "web": {"pool_size": 1, "max_overflow": 1, "pool_timeout": 5},
+    # Each gunicorn process uses at most two connections and its threads wait for them rather
+    # than take connections the workers need. Both stay open while requests keep coming; the
+    # web app gives the second back (``BurstPool.shrink``) once no request has been in flight
+    # for a moment, so an idle process holds one.
+    "web": {"pool_size": 2, "max_overflow": 0, "pool_timeout": 5},
     # A work horse runs one sync: its import transaction and the heartbeat beside it.
     "worker": {"pool_size": 2, "max_overflow": 1, "pool_timeout": 30},
     # The maintenance pass of a worker's main process runs one session at a time.
     "maintenance": {"pool_size": 1, "max_overflow": 1, "pool_timeout": 10},
     "cli": {"pool_size": 2, "max_overflow": 2, "pool_timeout": 30},
 }
+
+
+class BurstPool(QueuePool):
+    """A bounded pool that keeps every connection it opened while its process is busy, and
+    closes the idle ones beyond ``keep`` when told that the process has gone quiet.
+
+    SQLAlchemy's overflow connections are closed the moment they come back to a pool that
+    already holds an idle one, which under steady load is most of the time: a thread then pays
+    for a new PostgreSQL connection (a backend started, cold caches, statements prepared again)
+    whenever two threads want the database at once."""
+
+    def shrink(self, keep: int = 1) -> int:
+        """Close idle connections beyond ``keep``; how many were closed."""
+        closed = 0
+        while self._pool.qsize() > keep:
+            try:
+                record = self._pool.get(False)
+            except Empty:  # another thread took it: fewer idle ones, nothing to close
+                break
+            try:
+                record.close()
+            finally:
+                self._dec_overflow()
+            closed += 1
+        return closed
 
 
 def make_engine(url: str, *, role: str = "cli", **kwargs: Any) -> Engine:
@@ -55,7 +84,9 @@ def make_engine(url: str, *, role: str = "cli", **kwargs: Any) -> Engine:
         **POOLS[role],
         **kwargs,
     }
-    if options.get("poolclass") is not None:  # e.g. NullPool takes no sizes
+    if role == "web" and "poolclass" not in kwargs:
+        options["poolclass"] = BurstPool
+    elif options.get("poolclass") is not None:  # e.g. NullPool takes no sizes
         for name in ("pool_size", "max_overflow", "pool_timeout"):
             options.pop(name, None)
     return create_engine(url, **options)

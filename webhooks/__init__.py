@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import re
+import threading
+import time
+from collections.abc import Iterable
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from flask import Flask, Response, has_request_context, jsonify, request
 from werkzeug.exceptions import HTTPException
@@ -11,6 +15,10 @@ from werkzeug.exceptions import HTTPException
 from config.settings import Settings
 from sync import bootstrap, logs
 from sync.bootstrap import Services
+from sync.db import BurstPool
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 MAX_BODY_BYTES = 64 * 1024
 _TOKEN_IN_PATH = re.compile(r"(/webhooks/webscraper/)[^/?]+")
@@ -31,6 +39,58 @@ class WebApp(Flask):
         self.logger.error(f"Exception on {where}", exc_info=exc_info)
 
 
+QUIET_SECONDS = 0.5
+
+
+class QuietPool:
+    """WSGI middleware: while requests keep coming this process keeps both of its database
+    connections open; once none has been in flight for ``quiet_seconds`` (checked as often), the
+    pool's idle connections beyond one are closed, so an idle process holds one.
+
+    Closing the spare the moment the last request in flight ends would close it many times a
+    second under load, whenever every request of the process is being read or written by
+    gunicorn rather than served."""
+
+    def __init__(
+        self, app: WSGIApplication, pool: BurstPool, *, quiet_seconds: float = QUIET_SECONDS
+    ) -> None:
+        self.app = app
+        self.pool = pool
+        self.quiet_seconds = quiet_seconds
+        self._lock = threading.Lock()
+        self._in_flight = 0
+        self._last_seen = time.monotonic()
+        self._watch: threading.Thread | None = None
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        """Serve one request, noting when the process was last busy."""
+        with self._lock:
+            self._in_flight += 1
+            if self._watch is None:  # started in the serving process, after gunicorn's fork
+                self._watch = threading.Thread(
+                    target=self._shrink_when_quiet, name="quiet-pool", daemon=True
+                )
+                self._watch.start()
+        try:
+            return self.app(environ, start_response)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._last_seen = time.monotonic()
+
+    def quiet(self) -> bool:
+        """Whether no request has been in flight for ``quiet_seconds``."""
+        with self._lock:
+            idle = time.monotonic() - self._last_seen
+            return self._in_flight == 0 and idle >= self.quiet_seconds
+
+    def _shrink_when_quiet(self) -> None:
+        while True:
+            time.sleep(self.quiet_seconds)
+            if self.quiet():
+                self.pool.shrink(keep=1)
+
+
 def create_app(services: Services | None = None) -> Flask:
     """The web process: gunicorn calls this factory with no arguments."""
     if services is None:
@@ -43,6 +103,9 @@ def create_app(services: Services | None = None) -> Flask:
     app = WebApp(__name__)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     app.extensions["scrapesync"] = services
+    pool = services.uow.engine.pool
+    if isinstance(pool, BurstPool):
+        app.wsgi_app = QuietPool(app.wsgi_app, pool)  # type: ignore[method-assign]
 
     from webhooks.health import bp as health_bp
     from webhooks.intake import bp as intake_bp

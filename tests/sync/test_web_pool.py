@@ -1,0 +1,120 @@
+"""The web process's connection budget: at most two connections per gunicorn process, both kept
+while requests keep coming, one once no request is in flight."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from flask import Flask
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
+
+from sync import db
+from sync.bootstrap import Services
+from tests.harness import notify
+from webhooks import QuietPool, create_app
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def web_engine(database_url: str) -> Iterator[Engine]:
+    """An engine built as the web process builds its own (a short wait for a connection, so
+    that a third one is refused at once)."""
+    engine = db.make_engine(database_url, role="web", pool_timeout=0.2)
+    yield engine
+    engine.dispose()
+
+
+def _pool(engine: Engine) -> db.BurstPool:
+    pool = engine.pool
+    assert isinstance(pool, db.BurstPool)
+    return pool
+
+
+def _open_both(engine: Engine) -> None:
+    """Two threads' worth of database at once: both of the pool's connections opened."""
+    first, second = engine.connect(), engine.connect()
+    first.close()
+    second.close()
+
+
+def _web_backends(engine: Engine) -> int:
+    with engine.connect() as conn:
+        count = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'scrapesync-web'"
+            )
+        )
+        return int(count.scalar_one())
+
+
+def test_the_web_pool_keeps_two_connections_until_it_is_shrunk(
+    web_engine: Engine, engine: Engine
+) -> None:
+    """Two connections used at once both stay open, a third is never opened, and shrinking
+    closes the idle one beyond the first."""
+    pool = _pool(web_engine)
+    _open_both(web_engine)
+    assert pool.checkedin() == 2
+    assert _web_backends(engine) == 2
+    held = [web_engine.connect(), web_engine.connect()]
+    with pytest.raises(PoolTimeoutError):
+        web_engine.connect()
+    for conn in held:
+        conn.close()
+    assert pool.shrink(keep=1) == 1
+    assert pool.checkedin() == 1
+    assert _web_backends(engine) == 1
+    assert pool.shrink(keep=1) == 0
+
+
+def _held_request(web: Flask) -> tuple[threading.Event, threading.Event]:
+    """A route that stays in flight until released; returns (entered, release)."""
+    entered, release = threading.Event(), threading.Event()
+
+    @web.get("/held")
+    def held() -> str:
+        entered.set()
+        release.wait(10)
+        return "done"
+
+    return entered, release
+
+
+def _eventually(check: Callable[[], bool]) -> bool:
+    deadline = time.monotonic() + 10
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_busy_web_process_keeps_both_connections_and_a_quiet_one_holds_one(
+    services: Services, web_engine: Engine, engine: Engine
+) -> None:
+    """While a request is in flight both connections stay open, however long it takes; once
+    the process has been quiet a moment it gives the second back."""
+    web = create_app(dataclasses.replace(services, uow=db.UnitOfWork(web_engine)))
+    middleware = web.wsgi_app
+    assert isinstance(middleware, QuietPool)
+    middleware.quiet_seconds = 0.05
+    pool = _pool(web_engine)
+    entered, release = _held_request(web)
+    other = threading.Thread(target=lambda: web.test_client().get("/held"))
+    other.start()
+    assert entered.wait(10)
+    _open_both(web_engine)
+    assert notify(web, 5001).status_code == 200
+    time.sleep(10 * middleware.quiet_seconds)  # the watcher looked several times meanwhile
+    assert pool.checkedin() == 2  # a request is in flight: the spare stays
+    release.set()
+    other.join(10)
+    assert _eventually(lambda: pool.checkedin() == 1)
+    assert _web_backends(engine) == 1
