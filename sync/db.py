@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +12,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 from sqlalchemy.util.queue import Empty
@@ -19,6 +21,9 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 
 CONNECT_TIMEOUT = 10  # a database that does not answer fails a pass; it never hangs one
 RECYCLE_SECONDS = 1800  # under the idle cut-off of hosted PostgreSQL and of PgBouncer
+# A web connection back in use within this many seconds is not checked again first, so a
+# notification costs one round trip to PostgreSQL; one idle longer is pinged before use.
+PING_AFTER_IDLE_SECONDS = 1.0
 POOLS: dict[str, dict[str, Any]] = {
     # Each gunicorn process uses at most two connections and its threads wait for them rather
     # than take connections the workers need. Both stay open while requests keep coming; the
@@ -84,12 +89,41 @@ def make_engine(url: str, *, role: str = "cli", **kwargs: Any) -> Engine:
         **POOLS[role],
         **kwargs,
     }
+    ping_when_idle = role == "web" and "pool_pre_ping" not in kwargs
+    if ping_when_idle:
+        options["pool_pre_ping"] = False
     if role == "web" and "poolclass" not in kwargs:
         options["poolclass"] = BurstPool
     elif options.get("poolclass") is not None:  # e.g. NullPool takes no sizes
         for name in ("pool_size", "max_overflow", "pool_timeout"):
             options.pop(name, None)
-    return create_engine(url, **options)
+    engine = create_engine(url, **options)
+    if ping_when_idle:
+        _ping_when_idle(engine)
+    return engine
+
+
+def _ping_when_idle(engine: Engine) -> None:
+    """Check a pooled connection before use only when it has been idle for
+    ``PING_AFTER_IDLE_SECONDS`` or longer; a failed check opens a fresh connection."""
+
+    @event.listens_for(engine, "connect")
+    def _fresh(_dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkin")
+    def _returned(_dbapi_conn: Any, record: Any) -> None:
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        idle_since = record.info.get("idle_since")
+        if idle_since is not None and time.monotonic() - idle_since < PING_AFTER_IDLE_SECONDS:
+            return
+        try:
+            engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:  # whatever the driver raised, the pool retries a new connection
+            raise DisconnectionError(f"the pooled connection failed its check: {exc}") from exc
 
 
 class UnitOfWork:

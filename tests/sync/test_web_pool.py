@@ -118,3 +118,45 @@ def test_a_busy_web_process_keeps_both_connections_and_a_quiet_one_holds_one(
     other.join(10)
     assert _eventually(lambda: pool.checkedin() == 1)
     assert _web_backends(engine) == 1
+
+
+def _kill_web_backends(engine: Engine) -> int:
+    with engine.connect() as conn:
+        killed = conn.execute(
+            text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name = 'scrapesync-web'"
+            )
+        )
+        conn.commit()
+        return int(killed.scalar_one())
+
+
+def test_a_connection_idle_past_the_ping_threshold_is_checked_and_replaced(
+    services: Services, web_engine: Engine, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kept connection whose backend died while it sat idle is found out before use: the
+    notification is stored on a fresh connection and answered 200."""
+    web = create_app(dataclasses.replace(services, uow=db.UnitOfWork(web_engine)))
+    assert notify(web, 5101).status_code == 200
+    assert _kill_web_backends(engine) == 1
+    monkeypatch.setattr(db, "PING_AFTER_IDLE_SECONDS", 0.0)  # as if it had sat idle a while
+    assert notify(web, 5102).status_code == 200
+    assert _web_backends(engine) == 1
+
+
+def test_a_connection_back_in_use_at_once_is_not_pinged_and_a_dead_one_costs_one_503(
+    services: Services, web_engine: Engine, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Within the ping threshold a notification is one round trip, unchecked; if the database
+    went away in between, that notification is answered 503 (Cloud sends it again) with nothing
+    stored, and the next one gets a fresh connection."""
+    web = create_app(dataclasses.replace(services, uow=db.UnitOfWork(web_engine)))
+    assert notify(web, 5201).status_code == 200
+    monkeypatch.setattr(db, "PING_AFTER_IDLE_SECONDS", 3600.0)
+    assert _kill_web_backends(engine) == 1
+    assert notify(web, 5202).status_code == 503
+    assert notify(web, 5202).status_code == 200
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT count(*) FROM notifications WHERE job_id = 5202"))
+        assert stored.scalar_one() == 1
