@@ -44,17 +44,15 @@ from redis import Redis
 from sqlalchemy import Engine, text
 
 from bench.intake_floor import TABLE as FLOOR_TABLE
-from bench.sync_bench import (
-    DEFAULT_DATABASE_URL,
-    DEFAULT_REDIS_URL,
-    BenchError,
-    recreate_schema,
-    reset_database,
-)
+from bench.sync_bench import BenchError, recreate_schema, reset_database
 from sync import db
 from sync.queue import QUEUE_NAME, sync_job_id
 
 ROOT = Path(__file__).resolve().parent.parent
+# Apart from the sync benchmark's, so that the two can run at once: each drops its tables and
+# flushes its Redis database.
+DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/scrapesync_bench_intake"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/9"
 TOKEN = "bench-webhook-token"  # noqa: S105 - the benchmark's own token
 SCRIPTS = {"distinct jobs": "intake_distinct.lua", "repeats of one job": "intake_repeat.lua"}
 FLOOR, APP = "floor (one INSERT + commit)", "scrapesync"
