@@ -6,11 +6,13 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from flask import Flask
+from sqlalchemy import Engine
 
 from scrapesync.cli import main
 from simulator import CloudState
@@ -24,6 +26,7 @@ from tests.acceptance.flow import (
     settle,
     use_datasets,
 )
+from tests.datasets.published import drop_tables
 from tests.harness import notify
 
 pytestmark = pytest.mark.redis
@@ -200,3 +203,11 @@ def test_an_export_has_the_columns_the_datasets_tables_hold(
     with target.open(newline="") as handle:
         header = next(csv.reader(handle))
     assert header == ["entity_key", "title", "sku"]
+
+
+@pytest.fixture(autouse=True)
+def _forget_the_tables(services: Services, engine: Engine) -> Iterator[None]:
+    """Tests here change the dataset's columns: leave it without tables or registered columns,
+    for the next test to build its own."""
+    yield
+    drop_tables(engine, services.settings.data_schema)

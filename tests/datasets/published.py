@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import Engine, insert, text
+from sqlalchemy import Engine, delete, insert, text
 
 from config.columns import Column
 from sync import outbox
@@ -18,7 +18,7 @@ from sync.casts import to_json
 from sync.changes import ChangeSet
 from sync.dataset_tables import DatasetTables, tables_for
 from sync.db import UnitOfWork
-from sync.models import Publication, Run
+from sync.models import DatasetColumn, Publication, Run
 from sync.states import RunState
 
 DATASETS_TOML = """
@@ -175,17 +175,34 @@ class PublishedProducts:
 
 
 def create_tables(engine: Engine, schema: str) -> DatasetTables:
-    """The dataset's three tables, made for this test (and dropped by :func:`drop_tables`)."""
+    """The dataset's three tables with :data:`COLUMNS`, registered as its columns, made for this
+    test in place of any it had (and dropped by :func:`drop_tables`)."""
+    drop_tables(engine, schema)
     tables = tables_for("products", COLUMNS, dialect=engine.dialect.name, schema=schema)
     with engine.begin() as connection:
         if engine.dialect.name == "postgresql":
             connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
-        tables.metadata.drop_all(connection)
         tables.metadata.create_all(connection)
+        connection.execute(
+            insert(DatasetColumn),
+            [
+                {
+                    "dataset": "products",
+                    "column_name": c.name,
+                    "field": c.field,
+                    "type": c.type,
+                    "decimal": c.decimal,
+                    "position": position,
+                }
+                for position, c in enumerate(COLUMNS)
+            ],
+        )
     return tables
 
 
-def drop_tables(engine: Engine, tables: DatasetTables) -> None:
-    """Drop what :func:`create_tables` made."""
+def drop_tables(engine: Engine, schema: str) -> None:
+    """The dataset as if it had never had tables: none, and no columns registered."""
+    tables = tables_for("products", (), dialect=engine.dialect.name, schema=schema)
     with engine.begin() as connection:
         tables.metadata.drop_all(connection)
+        connection.execute(delete(DatasetColumn).where(DatasetColumn.dataset == "products"))

@@ -44,7 +44,7 @@ def products(services: Services, engine: Engine) -> Iterator[PublishedProducts]:
     """The dataset's tables, empty, on the test database."""
     tables = create_tables(engine, services.settings.data_schema)
     yield PublishedProducts(services.uow, tables)
-    drop_tables(engine, tables)
+    drop_tables(engine, services.settings.data_schema)
 
 
 def feed(datasets: Datasets, before: str | None, after: str) -> ChangeSet:

@@ -46,7 +46,7 @@ def two(services: Services, engine: Engine, datasets: Datasets) -> Iterator[Publ
     products.publication(A, feed(datasets, None, A), current=False)
     products.publication(B, feed(datasets, A, B), current=True)
     yield products
-    drop_tables(engine, tables)
+    drop_tables(engine, services.settings.data_schema)
 
 
 def test_status_json_and_table_show_the_last_publications_change_counts(
@@ -93,7 +93,7 @@ def test_a_baseline_and_a_withdrawal_read_as_such(
         products.publication(A, feed(datasets, None, A), current=False)
         table = CliRunner().invoke(main, ["status"])
     finally:
-        drop_tables(engine, tables)
+        drop_tables(engine, services.settings.data_schema)
     assert f"products: withdrawn {A} (first publication, a baseline of 4 entities)" in (
         table.output.splitlines()
     )
