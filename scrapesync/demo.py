@@ -182,6 +182,7 @@ class DemoResult:
     export_path: Path | None = None
     manifest_path: Path | None = None
     deliveries: list[dict[str, Any]] = field(default_factory=list)
+    queries: list[tuple[str, int]] = field(default_factory=list)  # each SQL shown, rows found
 
 
 def _datasets_toml(receiver_url: str) -> str:
@@ -262,6 +263,54 @@ def run_demo(
     if result.ok:
         echo(f"demo finished in {time.monotonic() - started:.1f} s")
     return result
+
+
+def sample_queries(sku: str, day: str) -> list[tuple[str, str]]:
+    """Two questions an analyst asks of the demo's SQLite tables, with the SQL that answers
+    each (on PostgreSQL the tables are ``datasets.products`` and ``datasets.products_history``)."""
+    noon = f"{day} 12:00:00+00"
+    key = sku.replace("'", "''")
+    return [
+        (
+            "products under 20 today",
+            "SELECT sku, title, price FROM datasets_products WHERE price < 20 ORDER BY price;",
+        ),
+        (
+            f"what did {sku} cost on {day}",
+            # printed for a person to paste: the key is one the demo's own table holds
+            f"SELECT price FROM datasets_products_history WHERE entity_key = '{key}' "  # noqa: S608
+            f"AND valid_from <= '{noon}' AND (valid_to IS NULL OR valid_to > '{noon}');",
+        ),
+    ]
+
+
+def _show_queries(
+    services: bootstrap.Services,
+    folder: Path,
+    run_id: str,
+    echo: Callable[[str], None],
+    result: DemoResult,
+) -> None:
+    """Print two queries a user can paste into ``sqlite3``, each with what it answers now."""
+    from sqlalchemy import text
+
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        sku = session.execute(
+            text("SELECT min(entity_key) FROM datasets_products")
+        ).scalar_one_or_none()
+        if sku is None:
+            raise DemoError("the published run is not in the datasets_products table")
+        echo(f"query your data: sqlite3 {folder / 'scrapesync.db'}")
+        for question, sql in sample_queries(str(sku), run.collection_window):
+            rows = session.execute(text(sql)).all()
+            if not rows:
+                raise DemoError(f"the query for {question!r} found nothing")
+            result.queries.append((sql, len(rows)))
+            shown = "; ".join(" | ".join(str(v) for v in row) for row in rows[:3])
+            more = f" (and {len(rows) - 3} more rows)" if len(rows) > 3 else ""
+            echo(f"  -- {question}\n  {sql}\n     → {shown}{more}")
 
 
 class DemoError(Exception):
@@ -436,6 +485,8 @@ def _run(
     echo(f"export:   {written.path} ({written.records} records, sha256 {written.sha256[:12]}…)")
     echo(f"manifest: {written.manifest_path}")
     echo(f"logs:     {folder / 'scrapesync.log'} (JSON lines: notifications, attempts, deliveries)")
+    echo("")
+    _show_queries(services, folder, run_id, echo, result)
     if isinstance(dispatcher, InProcessQueue) and dispatcher.failures:
         raise DemoError(f"worker jobs failed: {', '.join(dispatcher.failures)}")
     result.ok = True

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,23 @@ def test_the_demo_runs_the_whole_flow_without_any_configuration(tmp_path: Path) 
     assert "attempt.committed" in events
     assert events.count("delivery.delivered") == 3  # accepted, published, changed
     assert "api_token=" not in "".join(log_lines)
+    _check_queries(out, folder)
+
+
+def _check_queries(out: str, folder: Path) -> None:
+    """The two SQL queries the demo prints answer from its database as printed: the products
+    under 20 (price a number) and one SKU's price on the run's day, from the history."""
+    queries = [line.strip() for line in out.splitlines() if line.startswith("  SELECT ")]
+    assert len(queries) == 2, out
+    with closing(sqlite3.connect(folder / "scrapesync.db")) as connection:
+        cheap = connection.execute(queries[0]).fetchall()
+        price = connection.execute(queries[1]).fetchall()
+    records = list(generate_records(300))
+    under = sorted((float(r["price"]), r["sku"]) for r in records if float(r["price"]) < 20)
+    assert [(float(p), sku) for sku, _title, p in cheap] == under
+    first = min(records, key=lambda r: r["sku"])
+    assert f"entity_key = '{first['sku']}'" in queries[1]
+    assert [float(p) for (p,) in price] == [float(first["price"])]
 
 
 @pytest.mark.redis
