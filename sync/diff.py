@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Table, and_, or_, select
@@ -28,6 +28,7 @@ from sync.bootstrap import Services
 from sync.casts import to_json
 from sync.changes import ADDED, CHANGED, REMOVED, ChangeSet, ColumnChange, EntityChange, compare
 from sync.dataset_columns import columns_of
+from sync.dataset_history import window_start
 from sync.dataset_tables import DatasetTables, tables_for
 from sync.models import Publication, Run
 
@@ -205,18 +206,6 @@ def stored_changes(
             for k in sorted(changed)
         ),
     )
-
-
-def window_start(run: Run) -> datetime:
-    """When a run's collection window begins: 00:00 UTC of its day, Monday 00:00 UTC of its ISO
-    week, or (a job window) when the run was created."""
-    window = run.collection_window
-    if "-W" in window:
-        year, week = window.split("-W")
-        return datetime.fromisocalendar(int(year), int(week), 1).replace(tzinfo=UTC)
-    if window.startswith("job-"):
-        return run.created_at.astimezone(UTC)
-    return datetime.fromisoformat(window).replace(tzinfo=UTC)
 
 
 def view_at(
