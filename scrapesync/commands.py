@@ -30,6 +30,28 @@ def db_upgrade(revision: str) -> None:
     settings = _settings()
     db.upgrade(settings.database_url, revision)
     echo(f"database at revision {revision}")
+    if revision == "head":
+        for line in _upgrade_datasets(settings):
+            echo(line)
+
+
+def _upgrade_datasets(settings: Settings) -> list[str]:
+    """Bring the datasets' tables in line with the datasets file (after the migrations)."""
+    from config.datasets import DatasetsFileError, load_datasets
+    from sync.dataset_upgrade import upgrade_datasets
+
+    if not settings.datasets_path.exists():
+        return [f"no datasets file at {settings.datasets_path}: no dataset tables to check"]
+    try:
+        datasets = load_datasets(settings.datasets_path)
+    except DatasetsFileError as exc:
+        raise CommandError(str(exc)) from None
+    engine = db.make_engine(settings.database_url)
+    try:
+        done = upgrade_datasets(db.UnitOfWork(engine), datasets, settings.data_schema)
+    finally:
+        engine.dispose()
+    return [d.describe() for d in done]
 
 
 @db_group.command("downgrade")

@@ -1,0 +1,94 @@
+"""``scrapesync db upgrade`` brings the dataset tables in line with an edited datasets file:
+a new column filled from the kept payloads, a removed one dropped, a retyped one rebuilt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from flask import Flask
+from sqlalchemy import Engine, inspect
+
+from scrapesync.cli import main
+from simulator import CloudState
+from sync.bootstrap import Services
+from tests.acceptance.flow import product_records, use_datasets
+from tests.datasets.flow import (
+    TYPED,
+    assert_rows_are_open_stretches,
+    current_rows,
+    history_rows,
+    tables,
+    typed_datasets,
+)
+from tests.datasets.test_publication import collect
+
+EDITED = (
+    TYPED.replace('title = "text"\n', "")
+    .replace('price = "numeric"', 'price = "text"\nlink = { field = "url", type = "text" }')
+    .replace("price = { percent = 1 }\ntitle = true", "price = true")
+)
+
+
+@pytest.mark.slow
+def test_db_upgrade_adds_a_column_filled_for_existing_rows_drops_one_and_rebuilds_one(
+    web: Flask, services: Services, cloud: CloudState, engine: Engine, tmp_path: Path
+) -> None:
+    """After the file gains ``link``, loses ``title`` and makes ``price`` text: every existing
+    row (and stretch) has its link from the kept payload, title is gone, price holds text; the
+    next publication writes the new columns."""
+    records = product_records(40)
+    collect(web, services, cloud, records)
+    changed = [dict(r, price="1.00") if r["sku"] == "SKU-000001" else r for r in records]
+    collect(web, services, cloud, changed)
+    datasets_file = tmp_path / "datasets.toml"
+    datasets_file.write_text(typed_datasets(columns=EDITED))
+    result = CliRunner().invoke(
+        main,
+        ["db", "upgrade"],
+        env={
+            "DATABASE_URL": services.settings.database_url,
+            "SCRAPESYNC_DATASETS": str(datasets_file),
+        },
+    )
+    assert result.exit_code == 0, result.output
+    assert "dataset products: added link; dropped title; rebuilt price (" in result.output
+
+    found = tables(services)
+    assert [c.name for c in found.columns] == ["sku", "price", "link", "retailer"]
+    held = {
+        c["name"]: c for c in inspect(engine).get_columns(found.current.name, schema=found.schema)
+    }
+    assert "title" not in held
+    rows = current_rows(services)
+    by_sku = {r["sku"]: r for r in changed}
+    assert {k: (r["link"], r["price"]) for k, r in rows.items()} == {
+        k: (r["url"], r["price"]) for k, r in by_sku.items()
+    }
+    old = [h for h in history_rows(services) if h["entity_key"] == "SKU-000001"]
+    assert [(h["link"], h["price"]) for h in old] == [
+        (records[1]["url"], records[1]["price"]),
+        (records[1]["url"], "1.00"),
+    ]
+    assert_rows_are_open_stretches(services)
+    if engine.dialect.name == "postgresql":
+        assert held["link"]["comment"] == "from field 'url' as text"
+        assert str(held["price"]["type"]) == "TEXT"
+
+    edited = use_datasets(services, typed_datasets(columns=EDITED))
+    later = [dict(r, price="2.00") if r["sku"] == "SKU-000002" else r for r in changed]
+    collect(web, edited, cloud, later + product_records(1, start=40))
+    rows = current_rows(edited)
+    assert rows["SKU-000002"]["price"] == "2.00"
+    assert rows["SKU-000040"]["link"] == product_records(1, start=40)[0]["url"]
+    assert_rows_are_open_stretches(edited)
+    again = CliRunner().invoke(
+        main,
+        ["db", "upgrade"],
+        env={
+            "DATABASE_URL": services.settings.database_url,
+            "SCRAPESYNC_DATASETS": str(datasets_file),
+        },
+    )
+    assert "dataset products: tables match the datasets file" in again.output
