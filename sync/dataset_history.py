@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, exists, select, update
+from sqlalchemy import bindparam, exists, insert, literal, select, update
 from sqlalchemy.orm import Session
 
 from sync.casts import to_json
@@ -89,6 +89,23 @@ def is_empty(session: Session, tables: DatasetTables) -> bool:
     return not session.execute(select(exists().select_from(tables.history))).scalar_one()
 
 
+def open_all(session: Session, tables: DatasetTables, *, run_id: str, start: datetime) -> None:
+    """Open a stretch from ``start`` for every row of the dataset's table, in one statement (a
+    first publication: the history was empty)."""
+    names = ["entity_key", *(c.name for c in tables.columns), "partition", "payload_hash"]
+    x = tables.current.c
+    session.execute(
+        insert(tables.history).from_select(
+            [*names, "run_id", "valid_from"],
+            select(
+                *(x[n] for n in names),
+                literal(run_id, type_=tables.history.c.run_id.type),
+                literal(start, type_=tables.history.c.valid_from.type),
+            ),
+        )
+    )
+
+
 def same_values(a: Mapping[str, Any], b: Mapping[str, Any], columns: Collection[str]) -> bool:
     """Whether two rows hold the same typed values (as JSON would carry them, so a numeric read
     back from the database equals the one it was written from)."""
@@ -103,15 +120,12 @@ def record(
     run_id: str,
     start: datetime,
     undo: Collection[str],
-    fresh: bool = False,
 ) -> dict[str, Dates]:
     """Bring the history of the entities in ``rows`` (entity key -> its row after the
     publication, None when it left the table) in line with them, as the module says; ``undo``
-    are the runs whose stretches are undone first. ``fresh`` says the history is empty (a
-    dataset's first publication), which spares reading it. Returns each remaining entity's
-    dates."""
+    are the runs whose stretches are undone first. Returns each remaining entity's dates."""
     names = [c.name for c in tables.columns]
-    stretches = {} if fresh else _read(session, tables, list(rows), names)
+    stretches = _read(session, tables, list(rows), names)
     plan = _Plan()
     dates: dict[str, Dates] = {}
     for key, row in rows.items():

@@ -108,11 +108,15 @@ def apply_publication(
     )
     start = dataset_history.window_start(run)
     fresh = dataset_history.is_empty(session, tables)
+    was_empty = not before and not _has_rows(session, tables)
     # a run published again corrects what it wrote before; a fallback undoes the withdrawn run
     undo = {replacing} if replacing else {run.run_id}
-    dates = dataset_history.record(
-        session, tables, rows, run_id=run.run_id, start=start, undo=undo, fresh=fresh
-    )
+    if fresh:  # nothing to reconcile: the stretches are copied from the table once it is written
+        dates = {key: dataset_history.Dates(start, start) for key in after}
+    else:
+        dates = dataset_history.record(
+            session, tables, rows, run_id=run.run_id, start=start, undo=undo
+        )
     replaced = [s.entity_key for s in seen if s.before is not None]
     delete_keys(session, tables.current, "entity_key", replaced + list(gone))
     insert_rows(
@@ -133,7 +137,10 @@ def apply_publication(
             for s in seen
         ],
     )
-    _take_unchanged(session, tables, run)
+    if fresh:
+        dataset_history.open_all(session, tables, run_id=run.run_id, start=start)
+    if not was_empty:  # rows written before this publication may have been observed unchanged
+        _take_unchanged(session, tables, run)
     events = change_feed.announce(session, tables, dataset, changes, revision=run.revision, now=now)
     return Materialised(changes, tuple(events))
 
@@ -220,6 +227,10 @@ def _missing(
         r["entity_key"]: (r["partition"], {n: r[n] for n in names})
         for r in session.execute(query).mappings()
     }
+
+
+def _has_rows(session: Session, tables: DatasetTables) -> bool:
+    return bool(session.execute(select(exists().select_from(tables.current))).scalar_one())
 
 
 def _quarantined(session: Session, run_id: str) -> set[str]:

@@ -1,0 +1,282 @@
+"""Typed-tables benchmark: what publishing to ``datasets.X`` (table, history, change feed) adds
+to a sync, and how a filter on ``datasets.X`` compares with the same filter on a plain table.
+
+In one process, on PostgreSQL, with the simulator in-process as Cloud (generated product
+records: sku, title, price, url, retailer), each measured side by side in the same run:
+
+- **first sync**: ``run_sync`` of a finished job of N records into empty tables, then its
+  evaluation (acceptance and publication), once with publication to the typed tables switched
+  off (the pointer and outbox only, as before) and once with it on, from a fresh schema each;
+- **next run, same records**: a second job of the same N records (a new run: every row stays,
+  only its run id and window move), evaluation timed with and without the typed tables;
+- **same job again**: the second job synced again with its download forced (nothing
+  changed, so its evaluation publishes nothing);
+- **filter at 1M rows**: ``count(*) WHERE price < 20`` on ``datasets.products`` filled with
+  1M rows (as publication leaves them) and on a plain ``(sku, title, price, url, retailer)``
+  table of the same values; median of several runs each, both with and without an index on
+  price.
+
+    python -m bench.datasets_bench                 # 100k records, 1M-row filter
+    python -m bench.datasets_bench --records 10000 --filter-rows 100000
+
+The benchmark owns its database: it drops and re-migrates every table (only in a database whose
+name contains "bench").
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from decimal import Decimal
+from typing import Any
+
+import httpx
+from sqlalchemy import MetaData, make_url, text
+
+from config.datasets import parse_datasets
+from config.settings import Settings
+from simulator import CloudState
+from simulator import create_app as create_simulator
+from simulator.records import generate_records
+from sync import bootstrap, db, materialise, runs, store, tasks
+from sync.bootstrap import Services
+from sync.changes import ChangeSet
+from sync.cloud.budget import MemoryApiBudget
+from sync.queue import RecordingDispatcher
+
+DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/scrapesync_datasets_bench"
+API_TOKEN = "bench-token"  # noqa: S105 - the simulator's account, never a real one
+DATASETS_TOML = """
+[datasets.products]
+sitemap = "products"
+entity_key = ["sku"]
+window = "job"
+partition = "retailer"
+required = ["sku", "price"]
+[datasets.products.quality]
+use_cloud_quality = false
+max_record_drop_percent = 90
+[datasets.products.columns]
+sku = "text"
+title = "text"
+price = "numeric"
+url = "text"
+retailer = "text"
+[datasets.products.watch]
+price = { percent = 1 }
+title = true
+"""
+FILTER_RUNS = 7
+
+
+def reset(url: str) -> None:
+    """Empty the bench database: drop the data schema and every table, migrate again."""
+    if "bench" not in (make_url(url).database or ""):
+        raise SystemExit(f"refusing to reset {url}: its name must contain 'bench'")
+    engine = db.make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA IF EXISTS datasets CASCADE"))
+    meta = MetaData()
+    meta.reflect(engine)
+    meta.drop_all(engine)
+    engine.dispose()
+    db.upgrade(url)
+
+
+def wire(url: str, cloud: CloudState) -> Services:
+    """Services as a worker has them, on the bench database and the in-process simulator."""
+    settings = Settings(database_url=url, api_url="http://cloud.test/api/v1/", api_token=API_TOKEN)
+    built = bootstrap.build(
+        settings,
+        datasets=parse_datasets(DATASETS_TOML, source="bench"),
+        dispatcher=RecordingDispatcher(),
+        transport=httpx.WSGITransport(app=create_simulator(cloud)),
+        budget=MemoryApiBudget(limit=100_000, window=900.0),
+        sleep=lambda _: None,
+    )
+    bootstrap.use(built)
+    return built
+
+
+@contextmanager
+def typed_tables_off() -> Iterator[None]:
+    """Publication as it was before the typed tables: pointer and outbox events only."""
+    real = materialise.apply_publication
+
+    def nothing(_session: Any, dataset: Any, run: Any, **kw: Any) -> materialise.Materialised:
+        return materialise.Materialised(ChangeSet(dataset.name, run.run_id, None), ())
+
+    materialise.apply_publication = nothing  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        materialise.apply_publication = real  # type: ignore[assignment]
+
+
+def sync_and_evaluate(services: Services, cloud: CloudState, n: int) -> tuple[float, float]:
+    """A finished job of ``n`` records synced then evaluated: (sync seconds, evaluation
+    seconds)."""
+    sitemap = next(sid for sid, s in cloud.sitemaps.items() if s.name == "products")
+    job_id = cloud.create_job(sitemap)
+    cloud.run_job(job_id, records=generate_records(n))
+    with services.uow.begin() as session:
+        wish = store.want_sync(session, job_id, now=services.clock())
+        session.commit()
+    started = time.perf_counter()
+    outcome = tasks.run_sync(services, wish.task_key).outcome
+    synced = time.perf_counter()
+    evaluation = runs.evaluate_run(services, f"products-job-{job_id}")
+    done = time.perf_counter()
+    if outcome != "committed" or evaluation.outcome != "published":
+        raise SystemExit(f"job {job_id}: sync {outcome}, evaluation {evaluation.outcome}")
+    return synced - started, done - synced
+
+
+def resync_same_job(services: Services, cloud: CloudState) -> tuple[float, float]:
+    """The last job synced again with its download forced: (sync seconds, evaluation
+    seconds); the evaluation finds nothing changed and publishes nothing."""
+    job_id = max(cloud.jobs)
+    with services.uow.begin() as session:
+        wish = store.want_sync(session, job_id, now=services.clock())
+        session.commit()
+    started = time.perf_counter()
+    tasks.run_sync(services, wish.task_key, force=True)
+    synced = time.perf_counter()
+    evaluation = runs.evaluate_run(services, f"products-job-{job_id}")
+    done = time.perf_counter()
+    if evaluation.outcome != "unchanged":
+        raise SystemExit(f"job {job_id}: a forced repeat was {evaluation.outcome}")
+    return synced - started, done - synced
+
+
+def bench_publication(url: str, n: int) -> list[tuple[str, float, float]]:
+    """(phase, sync seconds, evaluation seconds) for a first sync and an unchanged repeat,
+    without and with the typed tables."""
+    rows = []
+    rounds = [("warm-up", True, 2_000), ("without typed tables", True, n)]
+    rounds += [("with typed tables", False, n)]
+    for label, off, size in rounds:
+        reset(url)
+        cloud = CloudState(api_token=API_TOKEN)
+        cloud.add_sitemap("products", start_urls=["https://alpha.example/"])
+        services = wire(url, cloud)
+        with typed_tables_off() if off else _nothing():
+            first = sync_and_evaluate(services, cloud, size)
+            repeat = sync_and_evaluate(services, cloud, size)
+            same = resync_same_job(services, cloud)
+        if label != "warm-up":
+            rows.append((f"first sync, {label}", *first))
+            rows.append((f"next run, same records, {label}", *repeat))
+            rows.append((f"same job again (forced), {label}", *same))
+        cloud.close()
+        services.uow.engine.dispose()
+    return rows
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def bench_filter(url: str, n: int) -> list[tuple[str, float]]:
+    """Median seconds of ``count(*) WHERE price < 20`` on datasets.products and on a plain
+    typed table, both of ``n`` rows, without and with an index on price."""
+    engine = db.make_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE IF EXISTS plain_products"))
+        conn.execute(
+            text(
+                "CREATE TABLE plain_products (sku text PRIMARY KEY, title text, "
+                "price numeric, url text, retailer text)"
+            )
+        )
+        conn.execute(text("TRUNCATE datasets.products, datasets.products_history"))
+        records = generate_records(n)
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        with (
+            raw.cursor() as cursor,
+            cursor.copy(
+                "COPY plain_products (sku, title, price, url, retailer) FROM STDIN"
+            ) as copy,
+        ):
+            for r in records:
+                copy.write_row((r["sku"], r["title"], Decimal(r["price"]), r["url"], r["retailer"]))
+        conn.execute(
+            text(
+                "INSERT INTO datasets.products (entity_key, sku, title, price, url, retailer, "
+                "partition, run_id, collection_window, first_seen_at, last_changed_at, "
+                "payload_hash) SELECT sku, sku, title, price, url, retailer, retailer, "
+                "'products-job-1', 'job-1', now(), now(), md5(sku) || md5(sku) "
+                "FROM plain_products"
+            )
+        )
+        conn.execute(text("ANALYZE plain_products"))
+        conn.execute(text("ANALYZE datasets.products"))
+    results = []
+    for indexed in (False, True):
+        if indexed:
+            with engine.begin() as conn:
+                conn.execute(text("CREATE INDEX ON plain_products (price)"))
+                conn.execute(text("CREATE INDEX ON datasets.products (price)"))
+                conn.execute(text("ANALYZE plain_products"))
+                conn.execute(text("ANALYZE datasets.products"))
+        for table in ("plain_products", "datasets.products"):
+            times = []
+            with engine.connect() as conn:
+                query = text(f"SELECT count(*) FROM {table} WHERE price < 20")  # noqa: S608 - fixed names
+                conn.execute(query)  # warm
+                for _ in range(FILTER_RUNS):
+                    started = time.perf_counter()
+                    conn.execute(query).scalar_one()
+                    times.append(time.perf_counter() - started)
+            label = f"{table}{', indexed' if indexed else ''}"
+            results.append((label, statistics.median(times)))
+    engine.dispose()
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark and print its tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--filter-rows", type=int, default=1_000_000)
+    args = parser.parse_args(argv)
+    rows = bench_publication(args.database_url, args.records)
+    print(f"\n{args.records:,} records")
+    print("| phase | sync s | evaluation s | total s |")
+    print("| --- | ---: | ---: | ---: |")
+    for label, synced, evaluated in rows:
+        print(f"| {label} | {synced:.2f} | {evaluated:.2f} | {synced + evaluated:.2f} |")
+    by = {label: s + e for label, s, e in rows}
+    first_off, first_on = (
+        by["first sync, without typed tables"],
+        by["first sync, with typed tables"],
+    )
+    evaluated = {r[0]: r[2] for r in rows}
+    repeat_off = evaluated["next run, same records, without typed tables"]
+    repeat_on = evaluated["next run, same records, with typed tables"]
+    same_off = evaluated["same job again (forced), without typed tables"]
+    same_on = evaluated["same job again (forced), with typed tables"]
+    print(
+        f"\nfirst sync: typed tables add {first_on - first_off:.2f} s "
+        f"({100 * (first_on - first_off) / first_off:.0f}%; budget 25%)"
+    )
+    print(f"next run, same records: typed tables add {repeat_on - repeat_off:.2f} s")
+    print(f"same job again: typed tables add {same_on - same_off:.2f} s (budget 0.1 s)")
+    filters = bench_filter(args.database_url, args.filter_rows)
+    print(f"\nfilter price < 20 at {args.filter_rows:,} rows (median of {FILTER_RUNS})")
+    print("| table | ms |")
+    print("| --- | ---: |")
+    for label, seconds in filters:
+        print(f"| {label} | {seconds * 1000:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
