@@ -71,6 +71,8 @@ class ChangeSet:
     removed: tuple[EntityChange, ...] = ()
     changed: tuple[EntityChange, ...] = ()
     baseline: bool = False
+    # a baseline's counts: its entries are never listed, so they are not kept either
+    totals: Mapping[str, int] | None = None
 
     @property
     def entries(self) -> tuple[EntityChange, ...]:
@@ -79,6 +81,8 @@ class ChangeSet:
 
     def counts(self) -> dict[str, int]:
         """How many entities were added, removed and changed."""
+        if self.totals is not None:
+            return dict(self.totals)
         return {ADDED: len(self.added), REMOVED: len(self.removed), CHANGED: len(self.changed)}
 
     def as_dict(self) -> dict[str, Any]:
@@ -127,7 +131,16 @@ def compare(
 ) -> ChangeSet:
     """The change set from ``before`` to ``after`` (entity key -> column values). Only the
     entities present in both whose values differ need be passed: an entity missing from
-    ``after`` is removed only if it is in ``before``."""
+    ``after`` is removed only if it is in ``before``. A baseline into nothing is counted only:
+    its entries are never listed."""
+    if baseline and not before:
+        return ChangeSet(
+            dataset=dataset,
+            run_id=run_id,
+            previous_run_id=previous_run_id,
+            baseline=True,
+            totals={ADDED: len(after), REMOVED: 0, CHANGED: 0},
+        )
     added = tuple(
         EntityChange(k, ADDED, values=after[k]) for k in sorted(after.keys() - before.keys())
     )

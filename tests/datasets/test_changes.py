@@ -48,6 +48,7 @@ def test_a_baseline_reports_counts_only() -> None:
     assert changes.as_dict()["counts"] == {"added": 2, "removed": 0, "changed": 0}
     assert changes.as_dict()["added"] == []
     assert pages(changes, 1000) == [[]]
+    assert changes.added == ()  # nothing listed, so nothing kept
 
 
 def test_pages_split_in_a_stable_order() -> None:
