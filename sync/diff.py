@@ -2,12 +2,14 @@
 
 The answer for a run and the run published just before it is the change set that publication
 stored in ``X_changes``: exactly what its ``dataset.changed`` events announced. For any other
-pair (runs further apart, a later run against an earlier one, runs published before change sets
-were kept) it is computed with :func:`sync.changes.compare` from the two runs' published views,
-read from ``X_history``: the stretches open at each run's collection-window start, which are the
-rows ``X`` held once that run was published (rows kept from a quarantined partition included).
+pair (runs further apart, a later run against an earlier one, a run against one it was
+republished after) it is computed with :func:`sync.changes.compare` from the two runs'
+published views, read from ``X_history``: the stretches open at each run's collection-window
+start, which are the rows ``X`` held once that run was published (rows kept from a quarantined
+partition included).
 For adjacent runs both give the same entities, kinds and values. Only published runs can be
-compared: the history holds nothing else, and it is never deleted by retention.
+compared: the history holds nothing else (and none from before the typed tables were kept), and
+it is never deleted by retention.
 """
 
 from __future__ import annotations
@@ -108,6 +110,12 @@ def diff_in(
                 stored_changes(session, tables, target.run_id, revision, from_run),
                 stored=True,
                 revision=revision,
+            )
+    for run_id in (from_run, target.run_id):
+        if latest[run_id].changes is None:  # no counts: published before the history was kept
+            raise DiffError(
+                f"run {run_id!r} of dataset {dataset.name!r} was published before its typed "
+                "tables and history were kept: only runs published since can be compared"
             )
     return Diff(computed_changes(session, dataset, tables, from_run, target.run_id), stored=False)
 

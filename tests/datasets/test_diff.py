@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 
 from config.columns import watch_by_column
 from config.datasets import Datasets, parse_datasets
@@ -17,6 +17,7 @@ from scrapesync.cli import main
 from sync import diff
 from sync.bootstrap import Services
 from sync.changes import ChangeSet, compare
+from sync.models import Publication
 from sync.states import RunState
 from tests.datasets.published import (
     DATASETS_TOML,
@@ -188,3 +189,20 @@ def test_one_publication_is_a_baseline_and_none_is_nothing_to_compare(
         f"dataset 'products' has one published run, '{A}' (a baseline of 4 entities): "
         "a diff needs two"
     ) in one.output
+
+
+def test_runs_published_before_the_history_was_kept_are_refused(
+    three: PublishedProducts, services: Services
+) -> None:
+    """A publication without change counts predates the typed tables: its run has no history
+    to compare, which the command says instead of reporting nothing changed."""
+    with services.uow.begin() as session:
+        session.execute(update(Publication).where(Publication.run_id == A).values(changes=None))
+        session.commit()
+    result = invoke("products", "--from", A, "--to", C)
+    assert result.exit_code != 0
+    assert (
+        f"run '{A}' of dataset 'products' was published before its typed tables and history "
+        "were kept: only runs published since can be compared"
+    ) in result.output
+    assert invoke("products", "--json").exit_code == 0  # B to C is still there
