@@ -112,13 +112,13 @@ def column_name_for(field: str) -> str:
     return name
 
 
-def default_columns(fields: Iterable[str], *, skip: Iterable[str] = ()) -> tuple[Column, ...]:
-    """One ``text`` column per field, in field order, when the dataset names no columns. Two
-    fields that would share a name: the second gets a short hash of its field name."""
-    skipped = set(skip)
-    taken: set[str] = set()
+def default_columns(fields: Iterable[str], *, known: tuple[Column, ...] = ()) -> tuple[Column, ...]:
+    """One ``text`` column per field that no ``known`` column is cast from, in field order, when
+    the dataset names no columns. A name already taken gets a short hash of its field name."""
+    taken = {c.name for c in known}
+    seen = {c.field for c in known}
     columns: list[Column] = []
-    for field in sorted(set(fields) - skipped):
+    for field in sorted(set(fields) - seen):
         name = column_name_for(field)
         if name in taken:
             digest = hashlib.sha256(field.encode()).hexdigest()[:8]

@@ -21,7 +21,7 @@ from sqlalchemy import exists as sa_exists
 from sqlalchemy.orm import Session
 from sqlalchemy.schema import CreateSchema
 
-from config.columns import MAX_NAME, RESERVED_COLUMNS, Column, column_name_for
+from config.columns import RESERVED_COLUMNS, Column, default_columns
 from config.datasets import Dataset
 from sync.dataset_columns import registered_columns
 from sync.dataset_tables import DatasetTables, comment_for, sql_type, tables_for
@@ -132,19 +132,8 @@ def ensure_tables(uow: UnitOfWork, dataset: Dataset, schema: str) -> None:
 
 def new_columns(known: tuple[Column, ...], fields: Iterable[str]) -> tuple[Column, ...]:
     """``text`` columns for the fields no registered column is cast from, named as
-    :func:`config.columns.column_name_for` names them (a name already taken gets a short hash of
-    its field)."""
-    taken = {c.name for c in known}
-    seen = {c.field for c in known}
-    added: list[Column] = []
-    for field in sorted(set(fields) - seen):
-        name = column_name_for(field)
-        if name in taken:
-            digest = hashlib.sha256(field.encode()).hexdigest()[:8]
-            name = f"{name[: MAX_NAME - 9]}_{digest}"
-        taken.add(name)
-        added.append(Column(name=name, field=field))
-    return tuple(added)
+    :func:`config.columns.default_columns` names them."""
+    return default_columns(fields, known=known)
 
 
 def add_columns(
