@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,6 +21,21 @@ def test_the_shipped_datasets_file_loads() -> None:
     assert products.partition == "retailer"
     assert products.quality.parsers == {"price": "number"}
     assert products.destinations[0].secret_env == "PRODUCTS_HOOK_SECRET"
+
+
+def test_the_shipped_files_commented_examples_are_valid() -> None:
+    """The typed columns, watch and retention the shipped file shows in comments work as
+    written once a user uncomments them."""
+    text = (ROOT / "config" / "datasets.toml").read_text(encoding="utf-8")
+    uncommented = re.sub(r"(?m)^# (?=\[|[a-z_]+ = )", "", text)
+    products = parse_datasets(uncommented).get("products")
+    assert [(c.name, c.type) for c in products.columns] == [
+        ("sku", "text"),
+        ("title", "text"),
+        ("price", "numeric"),
+    ]
+    assert [w.column for w in products.watch] == ["price", "title"]
+    assert products.retain_windows == 30
 
 
 def test_windows_name_the_collection_a_job_belongs_to() -> None:
