@@ -167,6 +167,8 @@ def _integer(column: Column, value: Any) -> int:
     number = _numeric(column, value)
     if number != number.to_integral_value():
         raise _RefusedError("not a whole number")
+    if not -(2**63) <= number < 2**63:  # an integer column is 64-bit
+        raise _RefusedError("out of the 64-bit integer range")
     return int(number)
 
 

@@ -65,6 +65,7 @@ def test_scraped_values_cast(column: Column, raw: Any, expected: Any) -> None:
         (COMMA, "12.5", "decimal comma"),
         (INTEGER, "3.5", "not a whole number"),
         (INTEGER, "3 pcs", "not a number"),
+        (INTEGER, "9" * 19, "out of the 64-bit integer range"),
         (Column("b", "b", "boolean"), "maybe", "not true/false"),
         (Column("t", "t", "timestamp"), "yesterday", "not an ISO 8601"),
     ],
