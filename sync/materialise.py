@@ -21,7 +21,7 @@ reported removed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -31,10 +31,10 @@ from sqlalchemy.orm import Session
 
 from config.columns import watch_by_column
 from config.datasets import Dataset
-from sync import change_feed, dataset_history, dataset_schema
+from sync import change_feed, dataset_history, dataset_schema, first_publication
 from sync.acceptance.facts import NO_PARTITION
 from sync.casts import cast_record
-from sync.changes import ChangeSet, Values, compare
+from sync.changes import ADDED, ChangeSet, Values, compare
 from sync.dataset_history import Row
 from sync.dataset_rows import delete_keys, insert_rows
 from sync.dataset_tables import DatasetTables
@@ -74,6 +74,7 @@ def apply_publication(
     """Bring the dataset's table to ``run``'s published view, with its history and change feed;
     ``replacing`` is a published run being withdrawn in its favour."""
     tables = dataset_schema.tables_in(session, dataset.name, schema)
+    copied = _copy_plain_first(session, dataset, tables, run)
     seen = _new_and_changed(session, tables, run.run_id)
     if not dataset.columns:
         fields = {name for s in seen for name in s.payload}
@@ -106,9 +107,11 @@ def apply_publication(
         watch_by_column(dataset.watch),
         baseline=baseline,
     )
+    if copied:  # a baseline, counted only: the rows the database copied are added too
+        changes = replace(changes, totals={**changes.counts(), ADDED: len(after) + copied})
     start = dataset_history.window_start(run)
     fresh = dataset_history.is_empty(session, tables)
-    was_empty = not before and not _has_rows(session, tables)
+    was_empty = copied > 0 or (not before and not _has_rows(session, tables))
     # a run published again corrects what it wrote before; a fallback undoes the withdrawn run
     undo = {replacing} if replacing else {run.run_id}
     if fresh:  # nothing to reconcile: the stretches are copied from the table once it is written
@@ -170,6 +173,26 @@ def apply_withdrawal(
     session.execute(current.delete())
     events = change_feed.announce(session, tables, dataset, changes, revision=run.revision, now=now)
     return Materialised(changes, tuple(events))
+
+
+def _copy_plain_first(session: Session, dataset: Dataset, tables: DatasetTables, run: Run) -> int:
+    """On PostgreSQL, a dataset's first publication into empty tables has the database cast and
+    copy the rows whose values are all plain (:mod:`sync.first_publication`); returns how many."""
+    if (
+        not dataset.columns
+        or dataset_schema.dialect_of(session) != "postgresql"
+        or _published_before(session, dataset.name)
+        or _has_rows(session, tables)
+        or not dataset_history.is_empty(session, tables)
+    ):
+        return 0
+    return first_publication.copy_plain_rows(
+        session,
+        tables,
+        run_id=run.run_id,
+        window=run.collection_window,
+        start=dataset_history.window_start(run),
+    )
 
 
 def _valid(run_id: str) -> Any:

@@ -9,13 +9,16 @@ from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from typing import Any, cast
 
 import pytest
 from sqlalchemy import func, select
 
+from config.columns import Column
 from config.datasets import Dataset
-from sync import dataset_schema, publication
+from sync import dataset_schema, first_publication, publication
 from sync.bootstrap import Services
+from sync.casts import cast_record
 from sync.identity import observation_key
 from sync.models import Observation, PartitionVerdict, Publication, Run
 from sync.states import PartitionState, RunState, ValidationState
@@ -309,3 +312,61 @@ def test_thirty_windows_of_ten_thousand_with_one_percent_changed_grow_history_by
         total = session.execute(select(func.count()).select_from(h)).scalar_one()
     assert total == 10_000 + 30 * 100
     assert_rows_are_open_stretches(services)
+
+
+def test_a_first_publication_reads_every_value_as_the_casts_do(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A first publication on PostgreSQL has the database cast the rows whose values are all
+    plain and Python the rest: whichever path a row takes, it holds exactly what
+    ``sync.casts`` gives for its payload, with the same failures, and every row is counted."""
+    columns = (
+        Column("sku", "sku"),
+        Column("title", "title"),
+        Column("price", "price", "numeric"),
+        Column("stock", "stock", "integer"),
+        Column("in_stock", "in_stock", "boolean"),
+        Column("seen", "seen", "timestamp"),
+        Column("tags", "tags", "json"),
+    )
+    dataset = products(services, columns=columns)
+    odd: list[dict[str, Any]] = [
+        {"title": "Café", "price": "12.50", "stock": "7", "in_stock": True},
+        {"title": "  padded  ", "price": "-0.5", "stock": 12, "in_stock": False},
+        {"title": "", "price": "", "stock": "", "in_stock": None},
+        {"title": "\u00a0", "price": "$1,299.00", "stock": "1,200", "in_stock": "yes"},
+        {"title": "\t", "price": "n/a", "stock": "3.5", "in_stock": "maybe"},
+        {"title": 12, "price": 12.5, "stock": 3.0, "seen": "2026-12-03"},
+        {"title": "…", "price": 7, "stock": "9" * 19, "tags": ["a"]},
+        {"title": ["x"], "price": "007.10", "stock": "-0042", "tags": {}},
+        {"title": "ok", "price": "1e3", "stock": True, "tags": "x"},
+        {},
+    ]
+    found = {
+        f"S{i:03d}": {"sku": f"S{i:03d}", "retailer": "r1", **extra} for i, extra in enumerate(odd)
+    }
+    copied: list[int] = []
+    real = first_publication.copy_plain_rows
+
+    def spy(*args: Any, **kwargs: Any) -> int:
+        copied.append(real(*args, **kwargs))
+        return copied[-1]
+
+    monkeypatch.setattr(first_publication, "copy_plain_rows", spy)
+    publish(services, dataset, 0, cast(Any, found))
+    if services.uow.engine.dialect.name == "postgresql":  # both paths were taken
+        assert 0 < copied[0] < len(found)
+    else:
+        assert copied == []
+    rows = current_rows(services)
+    assert set(rows) == set(found)
+    names = [c.name for c in columns]
+    for key, payload in found.items():
+        expected, failures = cast_record(columns, payload)
+        assert {n: rows[key][n] for n in names} == expected, key
+        assert rows[key]["cast_failures"] == ([f.as_dict() for f in failures] or None), key
+    assert_rows_are_open_stretches(services)
+    with services.uow.begin() as session:
+        counts = session.execute(select(Publication.changes)).scalar_one()
+    assert counts["baseline"] is True
+    assert counts["added"] == len(found)
