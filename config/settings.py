@@ -48,7 +48,10 @@ def _schema(name: str) -> str:
     return name
 
 
-def _number(env: Mapping[str, str], name: str, default: float) -> float:
+def _number(
+    env: Mapping[str, str], name: str, default: float, *, zero_keeps_all: bool = False
+) -> float:
+    """A positive finite number; with ``zero_keeps_all`` (a retention period in days) 0 too."""
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -56,22 +59,10 @@ def _number(env: Mapping[str, str], name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
-    if value <= 0:
-        raise ConfigError(f"{name} must be positive, got {raw!r}")
-    return value
-
-
-def _days(env: Mapping[str, str], name: str, default: float) -> float:
-    """A retention period in days: a number of at least 0, where 0 keeps everything."""
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of days, got {raw!r}") from None
-    if not 0 <= value < float("inf"):  # NaN fails every comparison
-        raise ConfigError(f"{name} must be 0 (keep all) or a positive number of days, got {raw!r}")
+    smallest_ok = value >= 0 if zero_keeps_all else value > 0
+    if not (smallest_ok and value < float("inf")):  # NaN fails every comparison
+        wanted = "0 (keep all) or a positive number of days" if zero_keeps_all else "positive"
+        raise ConfigError(f"{name} must be {wanted}, got {raw!r}")
     return value
 
 
@@ -146,11 +137,15 @@ class Settings:
             hold_file=env.get("SCRAPESYNC_HOLD_FILE") or None,
             hold_seconds=_number(env, "SCRAPESYNC_HOLD_SECONDS", 600.0),
             data_schema=_schema(env.get("SCRAPESYNC_DATA_SCHEMA") or "datasets"),
-            notifications_retention_days=_days(
-                env, "SCRAPESYNC_NOTIFICATIONS_RETENTION_DAYS", 90.0
+            notifications_retention_days=_number(
+                env, "SCRAPESYNC_NOTIFICATIONS_RETENTION_DAYS", 90.0, zero_keeps_all=True
             ),
-            attempts_retention_days=_days(env, "SCRAPESYNC_ATTEMPTS_RETENTION_DAYS", 90.0),
-            outbox_retention_days=_days(env, "SCRAPESYNC_OUTBOX_RETENTION_DAYS", 30.0),
+            attempts_retention_days=_number(
+                env, "SCRAPESYNC_ATTEMPTS_RETENTION_DAYS", 90.0, zero_keeps_all=True
+            ),
+            outbox_retention_days=_number(
+                env, "SCRAPESYNC_OUTBOX_RETENTION_DAYS", 30.0, zero_keeps_all=True
+            ),
             environment=dict(env),
         )
 

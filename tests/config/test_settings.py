@@ -70,7 +70,16 @@ def test_secrets_stay_out_of_the_repr() -> None:
     assert "hook-x" not in repr(settings)
 
 
-@pytest.mark.parametrize(("name", "value"), [("PORT", "eighty"), ("SCRAPESYNC_API_BUDGET", "-1")])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("PORT", "eighty"),
+        ("SCRAPESYNC_API_BUDGET", "-1"),
+        ("SCRAPESYNC_LEASE_SECONDS", "nan"),
+        ("SCRAPESYNC_SWEEP_SECONDS", "inf"),
+        ("SCRAPESYNC_SHUTDOWN_GRACE_SECONDS", "0"),
+    ],
+)
 def test_malformed_numbers_are_refused_by_name(name: str, value: str) -> None:
     """A setting that is not a usable number is a start-up error naming it."""
     with pytest.raises(ConfigError, match=name):
