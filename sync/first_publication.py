@@ -30,9 +30,9 @@ _WHOLE = "^-?[0-9]{1,30}$"
 _BIGINT = "^-?[0-9]{1,18}$"
 
 
-def _plain(column: Column, v: str, s: str) -> tuple[str, str]:
-    """(the condition that the value ``v`` — its text ``s`` — is plain, the SQL that casts it)."""
-    t = f"jsonb_typeof({v})"
+def _plain(column: Column, t: str, s: str) -> tuple[str, str]:
+    """(the condition that a value is plain, the SQL that casts it), the value given by its
+    JSON type ``t`` (NULL when the field is missing) and its text ``s``."""
     absent = f"({t} IS NULL OR {t} = 'null' OR ({t} = 'string' AND {s} = ''))"
     if column.type == "text":
         return f"({absent} OR ({t} = 'string' AND {s} ~ '{_ALNUM}'))", (
@@ -74,8 +74,8 @@ def copy_plain_rows(
     extracted: list[str] = []
     for i, column in enumerate(tables.columns):
         params[f"f{i}"] = column.field
-        extracted.append(f"o.payload -> :f{i} AS v{i}, o.payload ->> :f{i} AS s{i}")
-        condition, value = _plain(column, f"e.v{i}", f"e.s{i}")
+        extracted.append(f"jsonb_typeof(o.payload -> :f{i}) AS t{i}, o.payload ->> :f{i} AS s{i}")
+        condition, value = _plain(column, f"e.t{i}", f"e.s{i}")
         conditions.append(condition)
         values.append(value)
     target = (
@@ -90,7 +90,8 @@ def copy_plain_rows(
         f"SELECT o.entity_key, {', '.join(values)}, o.partition, CAST(:run_id AS text), "
         "CAST(:window AS text), CAST(:start AS timestamptz), "
         f"CAST(:start AS timestamptz), NULL, o.payload_hash FROM {Observation.__tablename__} o "
-        # each value is taken from the payload once (OFFSET 0 keeps the planner from inlining it)
+        # each value's type and text are taken from the payload once (OFFSET 0 keeps the
+        # planner from inlining them into every condition that reads them)
         f"CROSS JOIN LATERAL (SELECT {', '.join(extracted)} OFFSET 0) AS e "
         "WHERE o.run_id = :run_id AND o.validation_state = :valid"
         + "".join(f" AND {c}" for c in conditions)
