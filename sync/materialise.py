@@ -75,17 +75,21 @@ def apply_publication(
     ``replacing`` is a published run being withdrawn in its favour."""
     tables = dataset_schema.tables_in(session, dataset.name, schema)
     copied = _copy_plain_first(session, dataset, tables, run)
-    seen = _new_and_changed(session, tables, run.run_id)
+    # a first publication that copied every row leaves nothing for Python to cast or compare
+    complete = copied > 0 and copied == _valid_count(session, run.run_id)
+    seen = [] if complete else _new_and_changed(session, tables, run.run_id)
     if not dataset.columns:
         fields = {name for s in seen for name in s.payload}
         added = dataset_schema.new_columns(tables.columns, fields)
         tables = dataset_schema.add_columns(session, tables, added, schema)
-    quarantined = _quarantined(session, run.run_id)
-    gone = {
-        key: values
-        for key, (partition, values) in _missing(session, tables, run.run_id).items()
-        if (partition if partition is not None else NO_PARTITION) not in quarantined
-    }
+    gone: dict[str, Values] = {}
+    if not copied:  # after a first copy the table holds only rows of this run
+        quarantined = _quarantined(session, run.run_id)
+        gone = {
+            key: values
+            for key, (partition, values) in _missing(session, tables, run.run_id).items()
+            if (partition if partition is not None else NO_PARTITION) not in quarantined
+        }
     rows: dict[str, Row | None] = dict.fromkeys(gone)
     failures: dict[str, list[dict[str, Any]] | None] = {}
     before: dict[str, Values] = dict(gone)
@@ -250,6 +254,11 @@ def _missing(
         r["entity_key"]: (r["partition"], {n: r[n] for n in names})
         for r in session.execute(query).mappings()
     }
+
+
+def _valid_count(session: Session, run_id: str) -> int:
+    """How many valid observations the run holds."""
+    return int(session.execute(select(func.count()).where(_valid(run_id))).scalar_one())
 
 
 def _has_rows(session: Session, tables: DatasetTables) -> bool:
