@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from redis import Redis
-from sqlalchemy import URL, Engine, MetaData, event, func, make_url, select, text
+from sqlalchemy import Engine, MetaData, event, func, make_url, select, text
 
 from config.datasets import parse_datasets
 from config.settings import Settings
@@ -280,9 +280,12 @@ class Bench:
     sitemap_id: int = 0
 
 
-def _create_database(server: URL, name: str) -> None:
-    """Create the benchmark database on a fresh server (CREATE DATABASE cannot run in a
-    transaction, hence autocommit)."""
+def ensure_database(url: str) -> None:
+    """Create the benchmark database of ``url`` when its server lacks it (CREATE DATABASE
+    cannot run in a transaction, hence autocommit on the server's ``postgres`` database)."""
+    parsed = make_url(url)
+    name = parsed.database or ""
+    server = parsed.set(database="postgres")
     engine = db.make_engine(server.render_as_string(hide_password=False))
     try:
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
@@ -302,7 +305,7 @@ def recreate_schema(url: str) -> None:
     name = parsed.database or ""
     if "bench" not in name:
         raise BenchError(f"refusing to drop the tables of {name!r}: not a benchmark database")
-    _create_database(parsed.set(database="postgres"), name)
+    ensure_database(url)
     engine = db.make_engine(url)
     try:
         meta = MetaData()
