@@ -196,7 +196,7 @@ class ObservationStager:
             "now": now,
         }
         if self.postgres:
-            inserted, updated = self._write_changes(upsert, params)
+            inserted, updated = self._write_changes(upsert, params, self.count - duplicates)
         else:  # one writer at a time: what the join finds is what the upsert writes
             written = conn.execute(
                 text(
@@ -261,14 +261,16 @@ class ObservationStager:
             self._spool.close()
             self._spool = None
 
-    def _write_changes(self, upsert: str, params: dict[str, Any]) -> tuple[int, int]:
-        """Write new and changed rows on PostgreSQL; (inserted, updated).
+    def _write_changes(self, upsert: str, params: dict[str, Any], rows: int) -> tuple[int, int]:
+        """Write new and changed rows on PostgreSQL (``rows`` staged, one per key); (inserted,
+        updated).
 
         One join counts what is new and what changed; a plain UPDATE of the changed keys and a
         plain INSERT of the new ones, each run only when needed, cost about half of one
-        INSERT ... ON CONFLICT. If another sync inserted one of the new keys meanwhile,
-        the INSERT fails on the unique key: it is undone to its savepoint and the upsert,
-        which takes such rows as they are by now, writes what is left.
+        INSERT ... ON CONFLICT. When every staged key was new (a run's first sync), the INSERT
+        takes them all without looking each one up again. If another sync inserted one of the
+        new keys meanwhile, the INSERT fails on the unique key: it is undone to its savepoint
+        and the upsert, which takes such rows as they are by now, writes what is left.
         """
         conn = self.conn
         now = bindparam("now", type_=UTCDateTime())
@@ -299,12 +301,16 @@ class ObservationStager:
             return 0, int(updated)
         conn.exec_driver_sql("SAVEPOINT obs_insert")
         try:
-            inserted = conn.execute(
-                text(
-                    upsert.partition(" LEFT JOIN ")[0]  # noqa: S608 - constant SQL
-                    + " WHERE NOT EXISTS (SELECT 1 FROM observations o "
+            only_new = (
+                ""
+                if todo.new == rows
+                else (
+                    " WHERE NOT EXISTS (SELECT 1 FROM observations o "
                     "WHERE o.observation_key = c.observation_key)"
-                ).bindparams(now),
+                )
+            )
+            inserted = conn.execute(
+                text(upsert.partition(" LEFT JOIN ")[0] + only_new).bindparams(now),
                 params,
             ).rowcount
             conn.exec_driver_sql("RELEASE SAVEPOINT obs_insert")
