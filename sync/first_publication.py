@@ -25,9 +25,25 @@ from sync.models import Observation
 from sync.states import ValidationState
 
 _ALNUM = "[A-Za-z0-9]"
-_DECIMAL = r"^-?[0-9]{1,30}(\.[0-9]{1,30})?$"
-_WHOLE = "^-?[0-9]{1,30}$"
-_BIGINT = "^-?[0-9]{1,18}$"
+_MAX_DIGITS = 30  # on either side of a plain numeric value's decimal point
+_BIGINT_DIGITS = 18  # a plain integer's digits: always within 64 bits
+
+
+# Unbounded patterns with the digit counts checked by length: PostgreSQL's regular expressions
+# spend several times longer on a bounded repetition such as [0-9]{1,30}.
+def _decimal(s: str) -> str:
+    """``s`` is ``-?digits(.digits)?`` with at most _MAX_DIGITS digits on either side."""
+    n = _MAX_DIGITS
+    return (
+        f"({s} ~ '^-?[0-9]+(\\.[0-9]+)?$' AND (length({s}) <= {n} OR "
+        f"(length(ltrim(split_part({s}, '.', 1), '-')) <= {n} "
+        f"AND length(split_part({s}, '.', 2)) <= {n})))"
+    )
+
+
+def _whole(s: str, digits: int) -> str:
+    """``s`` is ``-?digits`` with at most ``digits`` digits."""
+    return f"({s} ~ '^-?[0-9]+$' AND length(ltrim({s}, '-')) <= {digits})"
 
 
 def _plain(column: Column, t: str, s: str) -> tuple[str, str]:
@@ -40,13 +56,13 @@ def _plain(column: Column, t: str, s: str) -> tuple[str, str]:
         )
     if column.type == "numeric" and column.decimal == ".":
         return (
-            f"({absent} OR ({t} = 'string' AND {s} ~ '{_DECIMAL}')"
-            f" OR ({t} = 'number' AND {s} ~ '{_WHOLE}'))",
+            f"({absent} OR ({t} = 'string' AND {_decimal(s)})"
+            f" OR ({t} = 'number' AND {_whole(s, _MAX_DIGITS)}))",
             f"CASE WHEN {t} IN ('string', 'number') AND {s} <> '' THEN ({s})::numeric END",
         )
     if column.type == "integer":
         return (
-            f"({absent} OR ({t} IN ('string', 'number') AND {s} ~ '{_BIGINT}'))",
+            f"({absent} OR ({t} IN ('string', 'number') AND {_whole(s, _BIGINT_DIGITS)}))",
             f"CASE WHEN {t} IN ('string', 'number') AND {s} <> '' THEN ({s})::bigint END",
         )
     if column.type == "boolean":
