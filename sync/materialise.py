@@ -21,12 +21,14 @@ reported removed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Text, cast, exists, func, select, update
+from sqlalchemy import Select, Text, cast, exists, func, select, text, update
 from sqlalchemy.orm import Session
 
 from config.columns import watch_by_column
@@ -237,11 +239,8 @@ def _new_and_changed(session: Session, tables: DatasetTables, run_id: str) -> li
     return found
 
 
-def _missing(
-    session: Session, tables: DatasetTables, run_id: str
-) -> dict[str, tuple[str | None, Values]]:
-    """The rows of ``X`` whose entity has no valid observation in the run: entity key ->
-    (partition, values)."""
+def missing_query(session: Session, tables: DatasetTables, run_id: str) -> Select[Any]:
+    """The rows of ``X`` whose entity has no valid observation in the run."""
     o = Observation.__table__.c
     x = tables.current.c
     names = [c.name for c in tables.columns]
@@ -249,11 +248,34 @@ def _missing(
         absent = ~exists().where(_valid(run_id), o.entity_key == x.entity_key)
     else:  # SQLite makes the list an ephemeral index, where NOT EXISTS scans per row
         absent = x.entity_key.not_in(select(o.entity_key).where(_valid(run_id)))
-    query = select(x.entity_key, x.partition, *(x[n] for n in names)).where(absent)
-    return {
-        r["entity_key"]: (r["partition"], {n: r[n] for n in names})
-        for r in session.execute(query).mappings()
-    }
+    return select(x.entity_key, x.partition, *(x[n] for n in names)).where(absent)
+
+
+@contextmanager
+def whole_set_joins(session: Session) -> Iterator[None]:
+    """Joins of a whole run with a whole table by hash or merge, never a nested loop.
+
+    Observations have no index on ``entity_key``, and the statistics PostgreSQL plans with
+    predate the run being published (its rows were written, then marked valid, moments ago):
+    planned from them, a run looks like one row, and the anti-join becomes a nested loop that
+    scans the run once per row of ``X`` (seconds at 20,000 rows, hours at a million)."""
+    if dataset_schema.dialect_of(session) != "postgresql":
+        yield
+        return
+    session.execute(text("SET LOCAL enable_nestloop = off"))
+    yield  # a statement that fails aborts the transaction, and its rollback drops the setting
+    session.execute(text("SET LOCAL enable_nestloop TO DEFAULT"))
+
+
+def _missing(
+    session: Session, tables: DatasetTables, run_id: str
+) -> dict[str, tuple[str | None, Values]]:
+    """The rows of ``X`` whose entity has no valid observation in the run: entity key ->
+    (partition, values)."""
+    names = [c.name for c in tables.columns]
+    with whole_set_joins(session):
+        rows = session.execute(missing_query(session, tables, run_id)).mappings().all()
+    return {r["entity_key"]: (r["partition"], {n: r[n] for n in names}) for r in rows}
 
 
 def _valid_count(session: Session, run_id: str) -> int:

@@ -12,11 +12,11 @@ from decimal import Decimal
 from typing import Any, cast
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from config.columns import Column
 from config.datasets import Dataset
-from sync import dataset_schema, first_publication, publication
+from sync import dataset_schema, first_publication, materialise, publication
 from sync.bootstrap import Services
 from sync.casts import cast_record
 from sync.identity import observation_key
@@ -376,3 +376,70 @@ def test_a_first_publication_reads_every_value_as_the_casts_do(
         counts = session.execute(select(Publication.changes)).scalar_one()
     assert counts["baseline"] is True
     assert counts["added"] == len(found)
+
+
+@pytest.mark.postgres
+def test_a_run_planned_from_statistics_that_predate_it_is_still_compared_by_a_hash_join(
+    services: Services,
+) -> None:
+    """Right after a sync the planner's statistics know nothing of the run being published (they
+    were taken while every observation was pending), so a run of thousands looks like one row;
+    the search for entities the run no longer has must still join the whole run once, by hash,
+    never scan it once per row of the table."""
+    dataset = products(services)
+    publish(services, dataset, 0, records(N_STALE))
+    window = (DAY + timedelta(days=1)).strftime("%Y-%m-%d")
+    run_id = dataset.run_id_for(window)
+
+    def observations(state: str, start: int) -> list[dict[str, Any]]:
+        return [
+            {
+                "observation_key": observation_key(dataset.name, window, key),
+                "dataset": dataset.name,
+                "entity_key": key,
+                "run_id": run_id,
+                "collection_window": window,
+                "partition": "r1",
+                "payload": payload,
+                "payload_hash": "h",
+                "source_job_id": 1,
+                "source_attempt_id": "a",
+                "validation_state": state,
+            }
+            for key, payload in records(N_STALE, start=start).items()
+        ]
+
+    o = Observation.__table__
+    with services.uow.begin() as session:  # one transaction: no autovacuum sees any of it
+        session.add(Run(run_id=run_id, dataset=dataset.name, collection_window=window))
+        session.execute(o.update().values(validation_state=ValidationState.PENDING))
+        session.execute(text("ANALYZE observations"))  # as after a sync: everything pending
+        session.execute(o.update().values(validation_state=ValidationState.VALID))
+        session.execute(o.insert(), observations(ValidationState.VALID, start=10))
+        t = dataset_schema.tables_in(session, dataset.name, services.settings.data_schema)
+        query = materialise.missing_query(session, t, run_id)
+
+        def plan(statement: Any) -> str:
+            sql = statement.compile(session.get_bind(), compile_kwargs={"literal_binds": True})
+            return "\n".join(session.execute(text(f"EXPLAIN {sql}")).scalars())
+
+        def nestloop() -> str:
+            return str(session.execute(text("SHOW enable_nestloop")).scalar_one())
+
+        run_rows = plan(
+            select(o.c.entity_key).where(
+                o.c.run_id == run_id, o.c.validation_state == ValidationState.VALID
+            )
+        )
+        assert " rows=1 " in run_rows.splitlines()[0], run_rows  # the run looks like one row
+        with materialise.whole_set_joins(session):
+            assert nestloop() == "off"
+            guarded = plan(query)
+        assert "Nested Loop" not in guarded, guarded
+        assert "Hash Anti Join" in guarded or "Merge Anti Join" in guarded, guarded
+        assert nestloop() == "on"  # the guard ends with its statement
+        gone = set(session.execute(query).scalars())
+    assert gone == {f"S{i:05d}" for i in range(10)}
+
+
+N_STALE = 2_000
