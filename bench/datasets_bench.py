@@ -35,13 +35,16 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
+import orjson
 from sqlalchemy import MetaData, make_url, text
 
+from bench.exports import MemoryExports, RenderedExport, render, render_lines
 from bench.sync_bench import ensure_database
 from config.datasets import parse_datasets
 from config.settings import Settings
 from simulator import CloudState
 from simulator import create_app as create_simulator
+from simulator.app import API_PREFIX
 from simulator.records import generate_records
 from sync import bootstrap, db, materialise, runs, store, tasks
 from sync.bootstrap import Services
@@ -90,14 +93,32 @@ def reset(url: str) -> None:
     db.upgrade(url)
 
 
-def wire(url: str, cloud: CloudState) -> Services:
-    """Services as a worker has them, on the bench database and the in-process simulator."""
+def small_export(n: int) -> RenderedExport:
+    """An export of the simulator's minimal records (sku, title, price, url, retailer: about
+    170 bytes a line with Cloud's meta fields), every field of which is a typed column."""
+    lines = (
+        orjson.dumps(
+            {
+                "web-scraper-order": f"1764000000-{i + 1}",
+                "web-scraper-start-url": f"https://{record['retailer']}/",
+                **record,
+            }
+        ).decode()
+        + "\n"
+        for i, record in enumerate(generate_records(n))
+    )
+    return render_lines(lines, n)
+
+
+def wire(url: str, cloud: CloudState, downloads: MemoryExports) -> Services:
+    """Services as a worker has them, on the bench database and the in-process simulator
+    (downloads served from memory)."""
     settings = Settings(database_url=url, api_url="http://cloud.test/api/v1/", api_token=API_TOKEN)
     built = bootstrap.build(
         settings,
         datasets=parse_datasets(DATASETS_TOML, source="bench"),
         dispatcher=RecordingDispatcher(),
-        transport=httpx.WSGITransport(app=create_simulator(cloud)),
+        transport=httpx.WSGITransport(app=downloads),
         budget=MemoryApiBudget(limit=100_000, window=900.0),
         sleep=lambda _: None,
     )
@@ -120,12 +141,16 @@ def typed_tables_off() -> Iterator[None]:
         materialise.apply_publication = real  # type: ignore[assignment]
 
 
-def sync_and_evaluate(services: Services, cloud: CloudState, n: int) -> tuple[float, float]:
-    """A finished job of ``n`` records synced then evaluated: (sync seconds, evaluation
-    seconds)."""
+def sync_and_evaluate(
+    services: Services, cloud: CloudState, downloads: MemoryExports, export: RenderedExport
+) -> tuple[float, float]:
+    """A finished job whose download is ``export`` synced then evaluated: (sync seconds,
+    evaluation seconds)."""
     sitemap = next(sid for sid, s in cloud.sitemaps.items() if s.name == "products")
     job_id = cloud.create_job(sitemap)
-    cloud.run_job(job_id, records=generate_records(n))
+    cloud.set_generated(job_id, export.records)  # the job's counters; the body is the export
+    cloud.finish_job(job_id)
+    downloads.set(job_id, export)
     with services.uow.begin() as session:
         wish = store.want_sync(session, job_id, now=services.clock())
         session.commit()
@@ -162,17 +187,18 @@ FIRST_BUDGET = 0.25  # typed tables add at most this share to a first sync
 SAME_BUDGET = 0.1  # seconds they add at most to a forced repeat of unchanged data
 
 
-def one_round(url: str, n: int, *, typed: bool) -> dict[str, tuple[float, float]]:
+def one_round(url: str, export: RenderedExport, *, typed: bool) -> dict[str, tuple[float, float]]:
     """phase -> (sync seconds, evaluation seconds), from a fresh schema, with the typed tables
     on or off."""
     reset(url)
     cloud = CloudState(api_token=API_TOKEN)
     cloud.add_sitemap("products", start_urls=["https://alpha.example/"])
-    services = wire(url, cloud)
+    downloads = MemoryExports(create_simulator(cloud), API_PREFIX, lambda: None)
+    services = wire(url, cloud, downloads)
     try:
         with _nothing() if typed else typed_tables_off():
-            first = sync_and_evaluate(services, cloud, n)
-            repeat = sync_and_evaluate(services, cloud, n)
+            first = sync_and_evaluate(services, cloud, downloads, export)
+            repeat = sync_and_evaluate(services, cloud, downloads, export)
             same = resync_same_job(services, cloud)
     finally:
         cloud.close()
@@ -181,17 +207,17 @@ def one_round(url: str, n: int, *, typed: bool) -> dict[str, tuple[float, float]
 
 
 def bench_publication(
-    url: str, n: int, runs: int
+    url: str, export: RenderedExport, warm_up: RenderedExport, runs: int
 ) -> dict[tuple[str, str], list[tuple[float, float]]]:
     """(phase, arm) -> each round's (sync seconds, evaluation seconds). The arms alternate, and
     which goes first alternates from round to round, so a machine getting busier or quieter
     weighs on both alike."""
-    one_round(url, 2_000, typed=True)  # warm-up: imports, connections, plans
+    one_round(url, warm_up, typed=True)  # warm-up: imports, connections, plans
     measured: dict[tuple[str, str], list[tuple[float, float]]] = {}
     for r in range(runs):
         arms = (False, True) if r % 2 == 0 else (True, False)
         for typed in arms:
-            for phase, times in one_round(url, n, typed=typed).items():
+            for phase, times in one_round(url, export, typed=typed).items():
                 measured.setdefault((phase, ON if typed else OFF), []).append(times)
         print(f"round {r + 1} of {runs} done", file=sys.stderr, flush=True)
     return measured
@@ -268,14 +294,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=5, help="rounds per arm (medians)")
     parser.add_argument("--filter-rows", type=int, default=1_000_000)
     parser.add_argument("--enforce", action="store_true", help="exit 1 when a budget is missed")
+    parser.add_argument(
+        "--small",
+        action="store_true",
+        help="the simulator's minimal records (every field a typed column), not realistic ones",
+    )
     args = parser.parse_args(argv)
-    measured = bench_publication(args.database_url, args.records, args.runs)
+    make = small_export if args.small else render
+    export, warm_up = make(args.records), make(2_000)
+    measured = bench_publication(args.database_url, export, warm_up, args.runs)
 
     def median(phase: str, arm: str, part: int | None = None) -> float:
         rounds = measured[(phase, arm)]
         return statistics.median(sum(t) if part is None else t[part] for t in rounds)
 
-    print(f"\n{args.records:,} records, medians of {args.runs} rounds per arm")
+    print(
+        f"\n{args.records:,} records of {export.record_bytes:.0f} bytes a line "
+        f"({'minimal' if args.small else 'realistic'}), medians of {args.runs} rounds per arm"
+    )
     print("| phase | sync s | evaluation s | total s | min-max total s |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for phase in PHASES:

@@ -91,12 +91,18 @@ class RenderedExport:
 def render(n: int, *, changed: Callable[[int], bool] = lambda _: False) -> RenderedExport:
     """Render and gzip an export of ``n`` records; a record for which ``changed(index)`` holds
     comes from another seed (same SKU, other title, description and price)."""
+    return render_lines(
+        (record_line(index, 1 if changed(index) else 0, index + 1) for index in range(n)), n
+    )
+
+
+def render_lines(lines: Iterable[str], n: int) -> RenderedExport:
+    """Gzip ``n`` JSON Lines lines (each ending in a line break) into an export."""
     compressor = zlib.compressobj(1, zlib.DEFLATED, 31)  # nginx gzip_comp_level default
     chunks: list[bytes] = []
     parts: list[str] = []
     size = raw = 0
-    for index in range(n):
-        line = record_line(index, 1 if changed(index) else 0, index + 1)
+    for line in lines:
         parts.append(line)
         size += len(line)
         if size >= CHUNK_BYTES:
