@@ -309,12 +309,13 @@ def _take_unchanged(session: Session, tables: DatasetTables, run: Run) -> None:
     """The rows the run observed unchanged now come from it."""
     o = Observation.__table__.c
     x = tables.current.c
-    session.execute(
-        update(tables.current)
-        .where(
-            x.run_id != run.run_id,
-            x.entity_key.in_(select(o.entity_key).where(_valid(run.run_id))),
+    with whole_set_joins(session):  # the whole run against the whole table, as in _missing
+        session.execute(
+            update(tables.current)
+            .where(
+                x.run_id != run.run_id,
+                x.entity_key.in_(select(o.entity_key).where(_valid(run.run_id))),
+            )
+            .values(run_id=run.run_id, collection_window=run.collection_window)
+            .execution_options(synchronize_session=False)
         )
-        .values(run_id=run.run_id, collection_window=run.collection_window)
-        .execution_options(synchronize_session=False)
-    )
