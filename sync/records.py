@@ -113,37 +113,42 @@ def stage_export(
     read = missing = protected = 0
     add = stager.add
     quarter = max_record_bytes // 4
-    for line, item in records:
-        read += 1
-        if isinstance(item, InvalidRecord):
-            invalid.add(item)
-            continue
-        staged = identify(item)
-        if staged is None:
-            missing += 1
-            continue
-        if frozen and staged[2] in frozen:
-            protected += 1  # a recovery batch never rewrites a partition that passed
-            continue
-        partition, start_url, canonical = staged[2], staged[3], staged[4]
-        if (  # only what record_problem could refuse is checked by it
-            "\\u0000" in canonical
-            or len(canonical) > quarter
-            or (partition is not None and len(partition) > PARTITION_LIMIT)
-            or (start_url is not None and "\x00" in start_url)
-        ):
-            problem = record_problem(
-                item,
-                partition=partition,
-                canonical=canonical,
-                start_url=start_url,
-                max_record_bytes=max_record_bytes,
-            )
-            if problem is not None:  # set aside and counted: one bad record never sinks a job
-                invalid.add(InvalidRecord(line, *problem, partition=partition))
+    try:
+        for line, item in records:
+            read += 1
+            if isinstance(item, InvalidRecord):
+                invalid.add(item)
                 continue
-        add(staged)
-        if read % 1000 == 0:
-            tick(read)
+            staged = identify(item)
+            if staged is None:
+                missing += 1
+                continue
+            if frozen and staged[2] in frozen:
+                protected += 1  # a recovery batch never rewrites a partition that passed
+                continue
+            partition, start_url, canonical = staged[2], staged[3], staged[4]
+            if (  # only what record_problem could refuse is checked by it
+                "\\u0000" in canonical
+                or len(canonical) > quarter
+                or (partition is not None and len(partition) > PARTITION_LIMIT)
+                or (start_url is not None and "\x00" in start_url)
+            ):
+                problem = record_problem(
+                    item,
+                    partition=partition,
+                    canonical=canonical,
+                    start_url=start_url,
+                    max_record_bytes=max_record_bytes,
+                )
+                if problem is not None:  # set aside and counted: one bad record never sinks a job
+                    invalid.add(InvalidRecord(line, *problem, partition=partition))
+                    continue
+            add(staged)
+            if read % 1000 == 0:
+                tick(read)
+    except BaseException as exc:  # a copy still under way is cancelled before the rollback
+        stager.abort(exc)
+        raise
+    stager.flush()  # the end of the export: a copy straight into observations ends here
     found.read, found.missing_key, found.protected = read, missing, protected
     return found

@@ -6,10 +6,13 @@ from __future__ import annotations
 import os
 import tempfile
 from array import array
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import IO, Any
 
+import orjson
+import psycopg
 from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -52,6 +55,105 @@ _TO_WRITE = (
 )
 
 
+@dataclass(frozen=True)
+class Source:
+    """What every observation of one sync carries besides the record's own values."""
+
+    dataset: str
+    run_id: str
+    window: str
+    job_id: int
+    attempt_id: str
+    now: datetime
+
+
+_DIRECT = (
+    "COPY observations (observation_key, dataset, entity_key, run_id, collection_window, "
+    "partition, start_url, payload, payload_hash, source_job_id, source_attempt_id, "
+    "validation_state, first_seen_at, last_changed_at) FROM STDIN"
+)
+
+
+class _DirectCopy:
+    """A run's first sync copied straight into observations while the export downloads, so
+    that PostgreSQL parses and indexes the rows while the worker reads the next ones, instead of
+    after it. The copy runs under a savepoint, and every record goes to a local spool as well:
+    a key that turns out to be stored already (twice in the export, or written meanwhile by
+    another sync of the run) fails the copy at its end, the savepoint undoes it, and the spool
+    is staged and merged as any other sync is."""
+
+    def __init__(self, conn: Connection, source: Source) -> None:
+        self._conn = conn
+        self._source = source
+        self._now = source.now.astimezone(UTC).replace(tzinfo=None)  # stored as naive UTC
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        conn.exec_driver_sql("SAVEPOINT obs_direct")
+        self._cursor = raw.cursor()
+        self._copying: AbstractContextManager[psycopg.Copy] | None = self._cursor.copy(_DIRECT)
+        self._copy = self._copying.__enter__()
+        self.spool: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the stager
+        self.rows = 0
+        self._failed = False  # the server refused the copy before its end
+
+    def add(self, staged: Identified) -> None:
+        """Copy one record, and keep it in the spool."""
+        observation_key, entity_key, partition, start_url, payload, payload_hash = staged
+        s = self._source
+        if not self._failed:
+            try:
+                self._copy.write_row(
+                    (
+                        observation_key,
+                        s.dataset,
+                        entity_key,
+                        s.run_id,
+                        s.window,
+                        partition,
+                        start_url,
+                        payload,
+                        payload_hash,
+                        s.job_id,
+                        s.attempt_id,
+                        ValidationState.PENDING.value,
+                        self._now,
+                        self._now,
+                    )
+                )
+            except psycopg.Error:  # the server gave up on the copy: the spool goes on alone
+                self._failed = True
+        self.spool.write(orjson.dumps(staged) + b"\n")
+
+    def finish(self) -> bool:
+        """End the copy: True when every record went in, False when the server refused it (a
+        key stored already, as a rule): the copy is undone, and the spool holds every record
+        for staging, whose merge deals with what the copy could not."""
+        copying, self._copying = self._copying, None
+        assert copying is not None
+        try:
+            copying.__exit__(None, None, None)
+        except psycopg.Error:  # a key stored already, as a rule; staging tells what it was
+            self._failed = True
+        if self._failed:
+            self._cursor.close()
+            self._conn.exec_driver_sql("ROLLBACK TO SAVEPOINT obs_direct")
+            return False
+        self.rows = self._cursor.rowcount
+        self._cursor.close()
+        self._conn.exec_driver_sql("RELEASE SAVEPOINT obs_direct")
+        return True
+
+    def abort(self, exc: BaseException) -> None:
+        """Cancel an unfinished copy (the transaction is to be rolled back)."""
+        copying, self._copying = self._copying, None
+        if copying is not None:
+            try:
+                copying.__exit__(type(exc), exc, exc.__traceback__)
+            except (psycopg.Error, type(exc)):
+                pass  # the copy is cancelled either way; the caller raises exc
+            self._cursor.close()
+
+
 class ObservationStager:
     """Collects one job's records in a temporary table (COPY on PostgreSQL), then merges them
     into observations: new keys inserted, changed payloads updated, unchanged payloads neither
@@ -65,10 +167,19 @@ class ObservationStager:
     are likely stored unchanged): only keys and hashes are staged, the payloads go to a local
     spool file; after one join with the stored hashes, the payloads of the new and changed
     records alone are sent, from the spool, and merged from a table of those rows only.
+
+    Straight in (PostgreSQL, a run's first sync, given its ``source``): the records are copied
+    into observations as they come (see :class:`_DirectCopy`); ``flush`` at the end of the
+    export ends the copy.
     """
 
     def __init__(
-        self, session: Session, *, batch_size: int = BATCH_SIZE, run_id: str | None = None
+        self,
+        session: Session,
+        *,
+        batch_size: int = BATCH_SIZE,
+        run_id: str | None = None,
+        source: Source | None = None,
     ) -> None:
         self.session = session
         self.conn: Connection = session.connection()
@@ -92,10 +203,22 @@ class ObservationStager:
         self._spool = tempfile.TemporaryFile() if self.keys_first else None  # noqa: SIM115 - closed by merge or close
         self._ends = array("q")  # where each spooled payload ends
         self._spooled = 0
+        self._direct: _DirectCopy | None = None
+        self.copied: int | None = None  # rows copied straight in, once that copy went through
+        if self.postgres and not self.keys_first and source is not None:
+            self._direct = _DirectCopy(self.conn, source)
+
+    @property
+    def straight_in(self) -> bool:
+        """Whether the records went straight into observations (so far, if still copying)."""
+        return self._direct is not None or self.copied is not None
 
     def add(self, staged: Identified) -> None:
         """Stage one record: its values as :class:`RecordIdentity` gives them."""
         self.count += 1
+        if self._direct is not None:
+            self._direct.add(staged)
+            return
         if self._spool is not None:
             observation_key, entity_key, partition, start_url, payload, payload_hash = staged
             data = payload.encode()
@@ -111,7 +234,17 @@ class ObservationStager:
             self.flush()
 
     def flush(self) -> None:
-        """Write the buffered records to the staging table."""
+        """Write the buffered records to the staging table (straight in: end the copy, and
+        stage the spooled records if it could not take them)."""
+        if self._direct is not None:
+            direct, self._direct = self._direct, None
+            try:
+                if direct.finish():
+                    self.copied = direct.rows
+                else:
+                    self._restage(direct.spool)
+            finally:
+                direct.spool.close()
         if not self._batch:
             return
         if self.postgres:
@@ -131,6 +264,24 @@ class ObservationStager:
             )
         self._batch.clear()
 
+    def _restage(self, spool: IO[bytes]) -> None:
+        """Stage the records a straight copy could not take, from its spool."""
+        spool.seek(0)
+        count, self.count = self.count, 0
+        for line in spool:
+            observation_key, entity_key, partition, start_url, payload, payload_hash = orjson.loads(
+                line
+            )
+            self.add((observation_key, entity_key, partition, start_url, payload, payload_hash))
+        assert self.count == count, "the spool holds every record copied"
+
+    def abort(self, exc: BaseException) -> None:
+        """Cancel a straight copy still under way (the transaction is to be rolled back)."""
+        direct, self._direct = self._direct, None
+        if direct is not None:
+            direct.abort(exc)
+            direct.spool.close()
+
     def merge(
         self,
         *,
@@ -144,6 +295,16 @@ class ObservationStager:
         """Merge the staged records into observations; the last record of a key wins."""
         self.flush()
         conn = self.conn
+        if self.copied is not None:  # every record went straight in, each key once
+            conn.exec_driver_sql("DROP TABLE obs_staging")
+            return UpsertCounts(
+                staged=self.count,
+                inserted=self.copied,
+                updated=0,
+                unchanged=0,
+                duplicate_keys=0,
+                conflicting_duplicates=0,
+            )
         dup = conn.execute(
             text(
                 "SELECT count(*) AS keys, coalesce(sum(n), 0) AS n, "

@@ -295,7 +295,15 @@ def _import(
             read = records.ExportRead(last.records_read, last.missing_key, last.protected)
             invalid_count, invalid_detail = last.invalid_records, last.invalid_detail
         else:
-            stager = staging.ObservationStager(session, run_id=target.run_id)
+            source = staging.Source(
+                dataset=dataset.name,
+                run_id=target.run_id,
+                window=target.window,
+                job_id=job.id,
+                attempt_id=lease.attempt_id,
+                now=services.clock(),
+            )
+            stager = staging.ObservationStager(session, run_id=target.run_id, source=source)
             read = records.stage_export(
                 stager,
                 cloud.iter_export(job.id, lines),

@@ -11,41 +11,123 @@ from sqlalchemy import select
 from sync.bootstrap import Services
 from sync.identity import RecordIdentity
 from sync.models import Observation
-from sync.staging import ObservationStager, UpsertCounts
+from sync.staging import ObservationStager, Source, UpsertCounts
 
 pytestmark = pytest.mark.postgres
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
-def _merge(services: Services, attempt: str, records: list[dict[str, Any]]) -> tuple[bool, Any]:
-    """Stage ``records`` into run r and merge them under ``attempt``; (keys first?, counts)."""
-    identify = RecordIdentity(services.datasets.get("products"), "2026-12-03")
+def _merge(
+    services: Services, attempt: str, records: list[dict[str, Any]], *, run_id: str = "r"
+) -> tuple[bool, Any]:
+    """Stage ``records`` into ``run_id`` and merge them under ``attempt``; (keys first?,
+    counts)."""
+    stager, counts = _sync(services, attempt, records, run_id=run_id, straight=False)
+    return stager.keys_first, counts
+
+
+def _sync(
+    services: Services,
+    attempt: str,
+    records: list[dict[str, Any]],
+    *,
+    run_id: str,
+    straight: bool,
+    window: str = "2026-12-03",
+) -> tuple[ObservationStager, UpsertCounts]:
+    """Stage ``records`` into ``run_id`` as a sync does (``straight``: offering a run's first
+    sync the copy straight into observations) and merge them; (the stager, its counts)."""
+    identify = RecordIdentity(services.datasets.get("products"), window)
+    source = Source("products", run_id, window, 1, attempt, NOW) if straight else None
     with services.uow.begin() as session:
-        stager = ObservationStager(session, run_id="r")
+        stager = ObservationStager(session, run_id=run_id, source=source)
         for record in records:
             staged = identify(record)
             assert staged is not None
             stager.add(staged)
+        stager.flush()  # the end of the export
         counts = stager.merge(
             dataset="products",
-            run_id="r",
-            window="2026-12-03",
+            run_id=run_id,
+            window=window,
             job_id=1,
             attempt_id=attempt,
             now=NOW,
         )
         session.commit()
-    return stager.keys_first, counts
+    return stager, counts
+
+
+def _stored(services: Services, run_id: str) -> dict[str, tuple[Any, ...]]:
+    """entity key -> what its observation in ``run_id`` holds, besides run, window and key."""
+    o = Observation.__table__.c
+    with services.uow.begin() as session:
+        rows = session.execute(
+            select(
+                o.entity_key,
+                o.dataset,
+                o.partition,
+                o.start_url,
+                o.payload,
+                o.payload_hash,
+                o.source_job_id,
+                o.source_attempt_id,
+                o.validation_state,
+                o.first_seen_at,
+                o.last_changed_at,
+            ).where(o.run_id == run_id)
+        ).all()
+    return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def product(sku: str, price: str, **more: Any) -> dict[str, Any]:
+    """A record of the products dataset."""
+    return {"sku": sku, "price": price, "retailer": "r.example", **more}
+
+
+def test_a_runs_first_sync_goes_straight_in_and_stores_what_staging_stores(
+    services: Services,
+) -> None:
+    """A run's first sync is copied straight into observations, and stores and counts exactly
+    what staging and merging the same records does."""
+    records = [
+        product(f"S{i}", f"{i}.50", title=f"T{i}", **{"web-scraper-start-url": "https://x.test/"})
+        for i in range(300)
+    ]
+    straight, counts = _sync(services, "a1", records, run_id="straight", straight=True)
+    staged, staged_counts = _sync(
+        services, "a1", records, run_id="staged", straight=False, window="2026-12-04"
+    )
+    assert straight.copied == 300
+    assert straight.straight_in
+    assert not staged.straight_in
+    assert counts == staged_counts == UpsertCounts(300, 300, 0, 0, 0, 0)
+    assert _stored(services, "straight") == _stored(services, "staged")
+
+
+def test_a_key_twice_in_a_first_sync_undoes_the_straight_copy_and_the_last_record_wins(
+    services: Services,
+) -> None:
+    """The copy straight in cannot take a key seen twice: it is undone, every record is staged
+    from the local spool instead, and the merge counts the duplicate and lets the last win."""
+    records = [product(f"S{i}", "1") for i in range(50)]
+    records += [product("S7", "2"), product("S9", "1")]  # S7 changed, S9 repeated as it was
+    stager, counts = _sync(services, "a1", records, run_id="r", straight=True)
+    assert stager.copied is None
+    assert counts == UpsertCounts(
+        staged=52, inserted=50, updated=0, unchanged=0, duplicate_keys=2, conflicting_duplicates=1
+    )
+    stored = _stored(services, "r")
+    assert len(stored) == 50
+    assert stored["S7"][3]["price"] == "2"
+    assert {row[6] for row in stored.values()} == {"a1"}
 
 
 def test_keys_first_staging_writes_and_counts_what_whole_rows_do(services: Services) -> None:
     """Into a run that holds observations, only keys and hashes are staged and the payloads of
     new and changed records sent after: new rows inserted, changed ones updated, unchanged
     ones untouched, and the last record of a key wins."""
-
-    def product(sku: str, price: str) -> dict[str, Any]:
-        return {"sku": sku, "price": price, "retailer": "r.example"}
 
     keys_first, _ = _merge(services, "a1", [product("A", "1"), product("B", "3")])
     assert not keys_first  # an empty run: whole rows at once
