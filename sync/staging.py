@@ -57,7 +57,8 @@ _TO_WRITE = (
 
 @dataclass(frozen=True)
 class Source:
-    """What every observation of one sync carries besides the record's own values."""
+    """What every observation of one sync carries besides the record's own values (``now``:
+    when rows copied straight in were first seen; a merge is stamped with its own time)."""
 
     dataset: str
     run_id: str
@@ -283,17 +284,9 @@ class ObservationStager:
             direct.abort(exc)
             direct.spool.close()
 
-    def merge(
-        self,
-        *,
-        dataset: str,
-        run_id: str,
-        window: str,
-        job_id: int,
-        attempt_id: str,
-        now: datetime,
-    ) -> UpsertCounts:
-        """Merge the staged records into observations; the last record of a key wins."""
+    def merge(self, source: Source, *, now: datetime) -> UpsertCounts:
+        """Merge the staged records into observations as ``source`` says, stamped ``now``; the
+        last record of a key wins."""
         self.flush()
         conn = self.conn
         if self.copied is not None:  # every record went straight in, each key once
@@ -350,11 +343,11 @@ class ObservationStager:
             "WHERE observations.payload_hash <> excluded.payload_hash"
         )
         params = {
-            "dataset": dataset,
-            "run_id": run_id,
-            "window": window,
-            "job_id": job_id,
-            "attempt_id": attempt_id,
+            "dataset": source.dataset,
+            "run_id": source.run_id,
+            "window": source.window,
+            "job_id": source.job_id,
+            "attempt_id": source.attempt_id,
             "now": now,
         }
         if self.postgres:

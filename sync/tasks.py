@@ -328,14 +328,7 @@ def _import(
             session, job, run_id=target.run_id, recovery_batch=target.recovery_batch, now=now
         )
         if origin is None:
-            counts = stager.merge(
-                dataset=dataset.name,
-                run_id=target.run_id,
-                window=target.window,
-                job_id=job.id,
-                attempt_id=lease.attempt_id,
-                now=now,
-            )
+            counts = stager.merge(source, now=now)
         services.killpoints.reached("mid-upsert")
         state = store.commit_task(session, lease, run_id=target.run_id, now=now)
         if fingerprint is not None:

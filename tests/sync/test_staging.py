@@ -39,22 +39,15 @@ def _sync(
     """Stage ``records`` into ``run_id`` as a sync does (``straight``: offering a run's first
     sync the copy straight into observations) and merge them; (the stager, its counts)."""
     identify = RecordIdentity(services.datasets.get("products"), window)
-    source = Source("products", run_id, window, 1, attempt, NOW) if straight else None
+    source = Source("products", run_id, window, 1, attempt, NOW)
     with services.uow.begin() as session:
-        stager = ObservationStager(session, run_id=run_id, source=source)
+        stager = ObservationStager(session, run_id=run_id, source=source if straight else None)
         for record in records:
             staged = identify(record)
             assert staged is not None
             stager.add(staged)
         stager.flush()  # the end of the export
-        counts = stager.merge(
-            dataset="products",
-            run_id=run_id,
-            window=window,
-            job_id=1,
-            attempt_id=attempt,
-            now=NOW,
-        )
+        counts = stager.merge(source, now=NOW)
         session.commit()
     return stager, counts
 
