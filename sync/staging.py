@@ -17,11 +17,13 @@ from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from sync import logs
 from sync.identity import Identified
 from sync.models import UTCDateTime
 from sync.states import ValidationState
 
 BATCH_SIZE = 5000  # records staged per COPY
+log = logs.get("staging")
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,7 @@ class _DirectCopy:
         self._copy = self._copying.__enter__()
         self.spool: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the stager
         self.rows = 0
-        self._failed = False  # the server refused the copy before its end
+        self._failed: str | None = None  # why the server refused the copy before its end
 
     def add(self, staged: Identified) -> None:
         """Copy one record, and keep it in the spool."""
@@ -122,8 +124,8 @@ class _DirectCopy:
                         self._now,
                     )
                 )
-            except psycopg.Error:  # the server gave up on the copy: the spool goes on alone
-                self._failed = True
+            except psycopg.Error as exc:  # the server gave up on the copy: the spool goes on
+                self._failed = type(exc).__name__
         self.spool.write(orjson.dumps(staged) + b"\n")
 
     def finish(self) -> bool:
@@ -134,11 +136,15 @@ class _DirectCopy:
         assert copying is not None
         try:
             copying.__exit__(None, None, None)
-        except psycopg.Error:  # a key stored already, as a rule; staging tells what it was
-            self._failed = True
+        except psycopg.Error as exc:  # a key stored already, as a rule; staging tells what it was
+            self._failed = self._failed or type(exc).__name__
         if self._failed:
             self._cursor.close()
             self._conn.exec_driver_sql("ROLLBACK TO SAVEPOINT obs_direct")
+            log.info(
+                "staging.copy_undone",
+                extra={"run_id": self._source.run_id, "refused": self._failed},
+            )
             return False
         self.rows = self._cursor.rowcount
         self._cursor.close()

@@ -100,14 +100,18 @@ def test_a_runs_first_sync_goes_straight_in_and_stores_what_staging_stores(
 
 
 def test_a_key_twice_in_a_first_sync_undoes_the_straight_copy_and_the_last_record_wins(
-    services: Services,
+    services: Services, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The copy straight in cannot take a key seen twice: it is undone, every record is staged
-    from the local spool instead, and the merge counts the duplicate and lets the last win."""
+    """The copy straight in cannot take a key seen twice: it is undone (and the log says why),
+    every record is staged from the local spool instead, and the merge counts the duplicate and
+    lets the last win."""
     records = [product(f"S{i}", "1") for i in range(50)]
     records += [product("S7", "2"), product("S9", "1")]  # S7 changed, S9 repeated as it was
-    stager, counts = _sync(services, "a1", records, run_id="r", straight=True)
+    with caplog.at_level("INFO", logger="scrapesync.staging"):
+        stager, counts = _sync(services, "a1", records, run_id="r", straight=True)
     assert stager.copied is None
+    (undone,) = [r for r in caplog.records if r.getMessage() == "staging.copy_undone"]
+    assert (undone.run_id, undone.refused) == ("r", "UniqueViolation")  # type: ignore[attr-defined]
     assert counts == UpsertCounts(
         staged=52, inserted=50, updated=0, unchanged=0, duplicate_keys=2, conflicting_duplicates=1
     )
