@@ -9,7 +9,7 @@ from array import array
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import orjson
 import psycopg
@@ -216,11 +216,6 @@ class ObservationStager:
         if self.postgres and not self.keys_first and source is not None:
             self._direct = _DirectCopy(self.conn, source)
 
-    @property
-    def straight_in(self) -> bool:
-        """Whether the records went straight into observations (so far, if still copying)."""
-        return self._direct is not None or self.copied is not None
-
     def add(self, staged: Identified) -> None:
         """Stage one record: its values as :class:`RecordIdentity` gives them."""
         self.count += 1
@@ -277,10 +272,7 @@ class ObservationStager:
         spool.seek(0)
         count, self.count = self.count, 0
         for line in spool:
-            observation_key, entity_key, partition, start_url, payload, payload_hash = orjson.loads(
-                line
-            )
-            self.add((observation_key, entity_key, partition, start_url, payload, payload_hash))
+            self.add(cast(Identified, tuple(orjson.loads(line))))  # as the copy spooled it
         assert self.count == count, "the spool holds every record copied"
 
     def abort(self, exc: BaseException) -> None:
