@@ -36,10 +36,10 @@ from typing import Any
 
 import httpx
 import orjson
-from sqlalchemy import MetaData, make_url, text
+from sqlalchemy import make_url, text
 
 from bench.exports import MemoryExports, RenderedExport, render, render_lines
-from bench.sync_bench import ensure_database
+from bench.sync_bench import ensure_database, recreate_schema
 from config.datasets import parse_datasets
 from config.settings import Settings
 from simulator import CloudState
@@ -78,24 +78,21 @@ FILTER_RUNS = 7
 
 
 def reset(url: str) -> None:
-    """Empty the bench database (created when missing): drop the data schema and every table,
-    migrate again."""
+    """Empty the bench database (created when missing): drop the data schema, then every table,
+    and migrate again."""
     if "bench" not in (make_url(url).database or ""):
         raise SystemExit(f"refusing to reset {url}: its name must contain 'bench'")
     ensure_database(url)
     engine = db.make_engine(url)
     with engine.begin() as conn:
         conn.execute(text("DROP SCHEMA IF EXISTS datasets CASCADE"))
-    meta = MetaData()
-    meta.reflect(engine)
-    meta.drop_all(engine)
     engine.dispose()
-    db.upgrade(url)
+    recreate_schema(url)
 
 
 def small_export(n: int) -> RenderedExport:
     """An export of the simulator's minimal records (sku, title, price, url, retailer: about
-    170 bytes a line with Cloud's meta fields), every field of which is a typed column."""
+    220 bytes a line with Cloud's meta fields), every field of which is a typed column."""
     lines = (
         orjson.dumps(
             {
