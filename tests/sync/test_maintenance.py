@@ -75,17 +75,28 @@ def test_workers_take_turns_so_one_pass_runs_per_interval(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
     """Two workers offered a pass at the same moment: one runs it, the other waits its turn
-    until the short lock expires."""
+    until the short lock expires by itself."""
     _lost_task(web, services, cloud)
-    fast = dataclasses.replace(
-        services, settings=dataclasses.replace(services.settings, sweep_interval=0.5)
-    )
-    first = maintenance.MaintenanceLoop(fast, owner="w1")
-    second = maintenance.MaintenanceLoop(fast, owner="w2")
+    assert services.redis is not None
+
+    def at(interval: float) -> Services:
+        settings = dataclasses.replace(services.settings, sweep_interval=interval)
+        return dataclasses.replace(services, settings=settings)
+
+    # the turn alone, at a short interval: taken, refused, and free again once the lock expires
+    fast = at(0.5)
+    assert [maintenance.take_turn(fast, "w1"), maintenance.take_turn(fast, "w2")] == [True, False]
+    time.sleep(0.5 * maintenance.LOCK_SHARE + 0.1)
+    assert maintenance.take_turn(fast, "w2") is True
+    time.sleep(0.5 * maintenance.LOCK_SHARE + 0.1)
+
+    # whole passes, at an interval longer than a pass takes: one runs, one task is queued
+    slow = at(30.0)
+    first = maintenance.MaintenanceLoop(slow, owner="w1")
+    second = maintenance.MaintenanceLoop(slow, owner="w2")
     assert [first.tick(), second.tick()] == [True, False]
     assert len([j for j in _queued(services) if j.startswith("sync-")]) == 1
-    time.sleep(0.5 * maintenance.LOCK_SHARE + 0.1)
-    assert second.tick() is True
+    assert 0 < services.redis.pttl(maintenance.LOCK_KEY) <= 30_000 * maintenance.LOCK_SHARE
 
 
 def test_with_redis_gone_a_worker_still_runs_its_pass(
