@@ -23,6 +23,7 @@ counts, and the database itself (rows whose ``xmin`` is newer than the sync, row
     python -m bench.sync_bench                       # 10k and 100k, three runs, medians
     python -m bench.sync_bench --million             # and 1M
     python -m bench.sync_bench --records 10000 --runs 1
+    python -m bench.sync_bench --records 100000 --earlier-windows 9   # a table with history
 
 The benchmark owns its database and Redis database: it drops and re-migrates every table (only
 in a database whose name contains "bench") and flushes the Redis database at start.
@@ -277,6 +278,7 @@ class Bench:
     database_url: str
     redis_url: str
     profile_dir: Path | None
+    earlier_windows: int = 0
     sitemap_id: int = 0
 
 
@@ -350,6 +352,29 @@ def _profile_path(bench: Bench, n: int, phase: str, run: int) -> str | None:
         return None
     name = f"sync-{n}-{re.sub(r'[^a-z0-9]+', '-', phase.lower())}-{run}.pstats"
     return str(bench.profile_dir / name)
+
+
+def keep_earlier_windows(engine: Engine, windows: int) -> None:
+    """Give the observations table ``windows`` earlier windows of the run it holds (copies
+    under other keys and run ids), as a deployment that keeps its history has, with the
+    statistics autovacuum would have taken."""
+    columns = (
+        "dataset, entity_key, partition, start_url, payload, payload_hash, source_job_id, "
+        "source_attempt_id, validation_state, first_seen_at, last_changed_at"
+    )
+    with engine.begin() as conn:
+        for w in range(1, windows + 1):
+            conn.execute(
+                text(
+                    "INSERT INTO observations (observation_key, run_id, collection_window, "  # noqa: S608 - constant SQL
+                    f"{columns}) SELECT md5(observation_key || :w) || md5(:w || observation_key), "
+                    f"'products-earlier-' || :w, 'earlier-' || :w, {columns} FROM observations "
+                    "WHERE run_id NOT LIKE 'products-earlier-%'"
+                ),
+                {"w": str(w)},
+            )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql("VACUUM ANALYZE observations")
 
 
 def _sync_phase(
@@ -438,6 +463,7 @@ def bench_size(
             first.inserted == n and first.updated == 0 and first.rows_written == n,
             f"first sync of {n}: {first}",
         )
+        keep_earlier_windows(bench.engine, bench.earlier_windows)
         repeat = _sync_phase(bench, pool, n=n, phase=REPEAT, job_id=job_id, run=run)
         _check(
             repeat.inserted == 0
@@ -613,6 +639,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     parser.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
     parser.add_argument("--profile", type=Path, help="write cProfile stats per load here")
+    parser.add_argument(
+        "--earlier-windows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after the first sync, give the table N earlier windows of as many records",
+    )
     parser.add_argument("--enforce", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     sizes = sorted(set(args.records) | ({MILLION} if args.million else set()))
@@ -647,6 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         database_url=args.database_url,
         redis_url=args.redis_url,
         profile_dir=args.profile,
+        earlier_windows=args.earlier_windows,
     )
     bench.sitemap_id = cloud.add_sitemap("products", start_urls=["https://alpha.example/"])
     rows: list[Row] = []
@@ -679,7 +713,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"\nRecords: {record_bytes:.0f} bytes per JSON Lines line on average. Medians of "
         f"{args.runs} run(s). Machine: {os.cpu_count()} cores; 1-minute load average "
         f"{min(loads):.1f} to {max(loads):.1f} during the run. Each size runs in one long-lived "
-        "spawned worker process; exports are served from memory on loopback.\n"
+        "spawned worker process; exports are served from memory on loopback."
+        + (
+            f" After the first sync the table holds {args.earlier_windows} earlier windows of "
+            "as many records."
+            if args.earlier_windows
+            else ""
+        )
+        + "\n"
     )
     missed = False
     for target, met, numbers in verdicts(summaries):
