@@ -49,11 +49,21 @@ _CHANGES = (
     "CREATE TEMP TABLE obs_changes (ord integer, observation_key text, payload_hash text, "
     "entity_key text, partition text, start_url text, payload text) ON COMMIT DROP"
 )
+# Every join of the staged records with observations is limited to the sync's run: a key names
+# its dataset and window, so it is only ever stored in that run, and the run's rows are found
+# through its index instead of by reading every window the table keeps. A key stored outside
+# the run all the same would look new, and the INSERT's unique key sends it to the upsert.
 _TO_WRITE = (
     "SELECT "  # noqa: S608 - constant SQL
     + ", ".join(f"c.{name}" for name in _KEY_COLUMNS.split(", "))
     + " FROM obs_staging c LEFT JOIN observations o ON o.observation_key = c.observation_key "
+    "AND o.run_id = %(run_id)s "
     "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash ORDER BY c.ord"
+)
+# whether any key was staged twice (the counts of what was are taken only then)
+_DUPLICATES = (
+    "SELECT count(*) FROM (SELECT 1 FROM obs_staging GROUP BY observation_key "
+    "HAVING count(*) > 1) AS d"
 )
 
 
@@ -299,7 +309,10 @@ class ObservationStager:
             )
         dup = conn.execute(
             text(
-                "SELECT count(*) AS keys, coalesce(sum(n), 0) AS n, "
+                # the cheap question first: most exports hold each key once
+                "SELECT 0 AS keys, 0 AS n, 0 AS conflicting"
+                if not conn.exec_driver_sql(_DUPLICATES).scalar_one()
+                else "SELECT count(*) AS keys, coalesce(sum(n), 0) AS n, "
                 "count(*) FILTER (WHERE first_hash <> last_hash) AS conflicting "
                 "FROM (SELECT count(*) AS n, min(payload_hash) AS first_hash, "
                 "max(payload_hash) AS last_hash FROM obs_staging "
@@ -317,7 +330,7 @@ class ObservationStager:
                 )
             )
         if self._spool is not None:
-            self._send_payloads()
+            self._send_payloads(source.run_id)
         # One join finds what is new or changed; only those rows are written (or even locked).
         # The conflict clause keeps a payload that another sync made the same from a rewrite.
         payload = "CAST(c.payload AS jsonb)" if self.postgres else "c.payload"
@@ -330,6 +343,7 @@ class ObservationStager:
             f"c.partition, c.start_url, {payload}, c.payload_hash, :job_id, :attempt_id, "
             f"'{ValidationState.PENDING}', :now, :now FROM {self._table} c "
             "LEFT JOIN observations o ON o.observation_key = c.observation_key "
+            "AND o.run_id = :in_run "
             "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash "
             "ON CONFLICT (observation_key) DO UPDATE SET "
             "payload = excluded.payload, payload_hash = excluded.payload_hash, "
@@ -343,6 +357,7 @@ class ObservationStager:
         params = {
             "dataset": source.dataset,
             "run_id": source.run_id,
+            "in_run": source.run_id,  # compared with a column; run_id is inserted
             "window": source.window,
             "job_id": source.job_id,
             "attempt_id": source.attempt_id,
@@ -379,7 +394,7 @@ class ObservationStager:
             conflicting_duplicates=int(dup.conflicting),
         )
 
-    def _send_payloads(self) -> None:
+    def _send_payloads(self, run_id: str) -> None:
         """Keys first: the staged records that are new or changed come back from one join, and
         go to obs_changes with their spooled payloads; the merge reads those rows alone.
         Analysed at once: a temporary table has no statistics, and a planner that guesses
@@ -392,7 +407,7 @@ class ObservationStager:
         assert raw is not None
         self.conn.exec_driver_sql(_CHANGES)
         with raw.cursor(name="obs_to_write") as wanted:
-            wanted.execute(_TO_WRITE)
+            wanted.execute(_TO_WRITE, {"run_id": run_id})
             while rows := wanted.fetchmany(self.batch_size):
                 with (
                     raw.cursor() as cursor,
@@ -432,8 +447,9 @@ class ObservationStager:
                 "SELECT count(*) FILTER (WHERE o.observation_key IS NULL) AS new, "  # noqa: S608 - constant SQL
                 "count(*) FILTER (WHERE o.payload_hash <> c.payload_hash) AS changed "
                 f"FROM {self._table} c LEFT JOIN observations o "
-                "ON o.observation_key = c.observation_key"
-            )
+                "ON o.observation_key = c.observation_key AND o.run_id = :in_run"
+            ),
+            params,
         ).one()
         updated = 0
         if todo.changed:
@@ -445,7 +461,7 @@ class ObservationStager:
                     "source_attempt_id = :attempt_id, "
                     f"validation_state = '{ValidationState.PENDING}', "
                     f"last_changed_at = :now FROM {self._table} c "
-                    "WHERE o.observation_key = c.observation_key "
+                    "WHERE o.observation_key = c.observation_key AND o.run_id = :in_run "
                     "AND o.payload_hash <> c.payload_hash"
                 ).bindparams(now),
                 params,
@@ -459,7 +475,7 @@ class ObservationStager:
                 if todo.new == rows
                 else (
                     " WHERE NOT EXISTS (SELECT 1 FROM observations o "
-                    "WHERE o.observation_key = c.observation_key)"
+                    "WHERE o.observation_key = c.observation_key AND o.run_id = :in_run)"
                 )
             )
             inserted = conn.execute(

@@ -138,3 +138,30 @@ def test_keys_first_staging_writes_and_counts_what_whole_rows_do(services: Servi
         rows = session.execute(select(o.entity_key, o.payload, o.source_attempt_id)).all()
     stored = {key: (payload["price"], attempt) for key, payload, attempt in rows}
     assert stored == {"A": ("1", "a1"), "B": ("4", "a2"), "D": ("8", "a2"), "E": ("9", "a2")}
+
+
+def test_a_key_found_outside_the_runs_rows_is_still_merged_and_counted_exactly(
+    services: Services,
+) -> None:
+    """The merge looks for stored keys among the run's own rows (a key names its window, so
+    that is where it lives). A key stored under another run all the same is not taken for new:
+    the insert meets it, and the upsert writes and counts it as the unchanged or changed row
+    it is."""
+    _merge(services, "a0", [product("A", "1"), product("B", "1")], run_id="elsewhere")
+    _merge(services, "a1", [product("C", "1")], run_id="r")
+    records = [product("A", "1"), product("B", "2"), product("C", "1"), product("D", "5")]
+    keys_first, counts = _merge(services, "a2", records, run_id="r")
+    assert keys_first
+    assert counts == UpsertCounts(
+        staged=4, inserted=1, updated=1, unchanged=2, duplicate_keys=0, conflicting_duplicates=0
+    )
+    o = Observation.__table__.c
+    with services.uow.begin() as session:
+        rows = session.execute(select(o.entity_key, o.run_id, o.payload, o.source_attempt_id))
+        stored = {key: (run, payload["price"], attempt) for key, run, payload, attempt in rows}
+    assert stored == {
+        "A": ("elsewhere", "1", "a0"),
+        "B": ("elsewhere", "2", "a2"),
+        "C": ("r", "1", "a1"),
+        "D": ("r", "5", "a2"),
+    }
