@@ -10,7 +10,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
@@ -156,6 +156,19 @@ def insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
     if session.get_bind().dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
+
+
+@contextmanager
+def planner_method_off(session: Session, setting: str) -> Iterator[None]:
+    """On PostgreSQL, the statements of the block are planned without one method (``setting``,
+    e.g. ``enable_nestloop``), for this transaction only (SET LOCAL), then with it again. For
+    statements whose right plan PostgreSQL's statistics cannot show it; elsewhere a no-op."""
+    if session.get_bind().dialect.name != "postgresql":
+        yield
+        return
+    session.execute(text(f"SET LOCAL {setting} = off"))
+    yield  # a statement that fails aborts the transaction, and its rollback drops the setting
+    session.execute(text(f"SET LOCAL {setting} TO DEFAULT"))
 
 
 def alembic_config(url: str) -> Config:

@@ -21,14 +21,13 @@ reported removed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Select, Text, cast, exists, func, select, text, update
+from sqlalchemy import Select, Text, cast, exists, func, select, update
 from sqlalchemy.orm import Session
 
 from config.columns import watch_by_column
@@ -40,6 +39,7 @@ from sync.changes import ADDED, ChangeSet, Values, compare
 from sync.dataset_history import Row
 from sync.dataset_rows import delete_keys, insert_rows
 from sync.dataset_tables import DatasetTables
+from sync.db import planner_method_off
 from sync.models import Observation, PartitionVerdict, Publication, Run
 from sync.states import PartitionState, ValidationState
 
@@ -251,20 +251,14 @@ def missing_query(session: Session, tables: DatasetTables, run_id: str) -> Selec
     return select(x.entity_key, x.partition, *(x[n] for n in names)).where(absent)
 
 
-@contextmanager
-def whole_set_joins(session: Session) -> Iterator[None]:
+def whole_set_joins(session: Session) -> AbstractContextManager[None]:
     """Joins of a whole run with a whole table by hash or merge, never a nested loop.
 
     Observations have no index on ``entity_key``, and the statistics PostgreSQL plans with
     predate the run being published (its rows were written, then marked valid, moments ago):
     planned from them, a run looks like one row, and the anti-join becomes a nested loop that
     scans the run once per row of ``X`` (seconds at 20,000 rows, hours at a million)."""
-    if dataset_schema.dialect_of(session) != "postgresql":
-        yield
-        return
-    session.execute(text("SET LOCAL enable_nestloop = off"))
-    yield  # a statement that fails aborts the transaction, and its rollback drops the setting
-    session.execute(text("SET LOCAL enable_nestloop TO DEFAULT"))
+    return planner_method_off(session, "enable_nestloop")
 
 
 def _missing(
