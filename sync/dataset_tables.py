@@ -110,6 +110,11 @@ def base_name(dataset: str, *, dialect: str) -> str:
     return dataset if dialect == "postgresql" else f"{SQLITE_PREFIX}{dataset}"
 
 
+def retired_indexes(tables: DatasetTables) -> tuple[str, ...]:
+    """Indexes that earlier releases made on the dataset's tables and that this one drops."""
+    return (f"ix_{tables.current.name}_run_id",)
+
+
 def tables_for(
     dataset: str, columns: tuple[Column, ...], *, dialect: str, schema: str
 ) -> DatasetTables:
@@ -134,7 +139,8 @@ def tables_for(
         SQLColumn("last_changed_at", Timestamp, nullable=False),
         SQLColumn("cast_failures", Payload, comment="values that failed their cast"),
         SQLColumn("payload_hash", String(64), nullable=False),
-        Index(f"ix_{name}_run_id", "run_id"),
+        # no index on run_id: nearly every row holds the published run's, no query looks rows
+        # up by it, and each publication would rewrite an entry for every row it moves
         comment=f"the published run of dataset {dataset!r}, one row per entity",
     )
     history = Table(

@@ -31,7 +31,13 @@ from config.datasets import Dataset, Datasets
 from sync import casts, dataset_schema
 from sync.dataset_columns import registered_columns
 from sync.dataset_rows import chunks
-from sync.dataset_tables import DatasetTables, comment_for, sql_type, tables_for
+from sync.dataset_tables import (
+    DatasetTables,
+    comment_for,
+    retired_indexes,
+    sql_type,
+    tables_for,
+)
 from sync.db import UnitOfWork
 from sync.identity import observation_key
 from sync.models import Observation, Run
@@ -92,6 +98,7 @@ def upgrade_dataset(uow: UnitOfWork, dataset: Dataset, schema: str) -> Reconcile
         rebuilt = [c for c in target if c.name in have and have[c.name] != c]
         staged = [replace(c, name=f"{_SWAP_PREFIX}{c.name}") for c in rebuilt]
         _alter(session, tables, add=added + staged, drop=[c.name for c in dropped])
+        _drop_retired_indexes(session, tables)
         kept = [c for c in registered if c.name in want]
         dataset_schema.register(session, dataset.name, kept + added)
         session.commit()
@@ -137,6 +144,15 @@ def _alter(
         for column in add:
             kind = sql_type(column).compile(dialect=dialect)
             session.execute(text(f"ALTER TABLE {target} ADD COLUMN {quote(column.name)} {kind}"))
+
+
+def _drop_retired_indexes(session: Session, tables: DatasetTables) -> None:
+    """Drop the indexes an earlier release made that no query needs (under _alter's lock
+    timeout on PostgreSQL)."""
+    quote = session.get_bind().dialect.identifier_preparer.quote
+    for name in retired_indexes(tables):
+        target = f"{quote(tables.schema)}.{quote(name)}" if tables.schema else quote(name)
+        session.execute(text(f"DROP INDEX IF EXISTS {target}"))
 
 
 def _swap(session: Session, tables: DatasetTables, name: str) -> None:

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from flask import Flask
-from sqlalchemy import Engine, inspect
+from sqlalchemy import Engine, inspect, text
 
 from scrapesync.cli import main
 from simulator import CloudState
 from sync.bootstrap import Services
+from sync.dataset_tables import retired_indexes
+from sync.dataset_upgrade import upgrade_dataset
 from tests.acceptance.flow import product_records, use_datasets
 from tests.datasets.flow import (
     TYPED,
@@ -92,3 +94,34 @@ def test_db_upgrade_adds_a_column_filled_for_existing_rows_drops_one_and_rebuild
         },
     )
     assert "dataset products: tables match the datasets file" in again.output
+
+
+def test_db_upgrade_drops_the_run_id_index_of_earlier_releases(
+    services: Services, engine: Engine
+) -> None:
+    """Earlier releases indexed ``X.run_id``, which each publication rewrote for every row it
+    moved to the new run; tables made now have no such index, and ``db upgrade`` drops it from
+    tables made before."""
+    typed = use_datasets(services, typed_datasets())
+    dataset = typed.datasets.get("products")
+    schema = typed.settings.data_schema
+    upgrade_dataset(typed.uow, dataset, schema)
+    found = tables(typed)
+
+    def indexed_columns() -> list[list[str | None]]:
+        held = inspect(engine).get_indexes(found.current.name, schema=found.schema)
+        return [index["column_names"] for index in held]
+
+    assert indexed_columns() == []  # the primary key (entity_key) is no index of its own
+    (old,) = retired_indexes(found)
+    quote = engine.dialect.identifier_preparer.quote
+    target = (
+        f"{quote(found.schema)}.{quote(found.current.name)}"
+        if found.schema
+        else quote(found.current.name)
+    )
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE INDEX {quote(old)} ON {target} (run_id)"))
+    assert indexed_columns() == [["run_id"]]
+    upgrade_dataset(typed.uow, dataset, schema)
+    assert indexed_columns() == []
