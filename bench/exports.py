@@ -48,6 +48,16 @@ def _mix(seed: int, index: int) -> int:
     return z ^ (z >> 31)
 
 
+_SKU_MODULUS = 2_147_483_647  # a prime: index -> SKU below is one to one for any export size
+_SKU_FACTOR = 1_327_217_885  # about the prime over the golden ratio: neighbours land far apart
+
+
+def sku_of(index: int) -> str:
+    """The SKU of a record: unique, and in no particular order along the export (as a crawl
+    finds products), so the tables keyed by it are written the way real exports write them."""
+    return f"SKU-{(index * _SKU_FACTOR + 12_345) % _SKU_MODULUS:010d}"
+
+
 def record_line(index: int, seed: int, order: int) -> str:
     """One product record as Cloud's JSON Lines spell it (meta fields first, slashes escaped)."""
     h = _mix(seed, index)
@@ -59,7 +69,7 @@ def record_line(index: int, seed: int, order: int) -> str:
     return (
         f'{{"web-scraper-order":"{ORDER_TIME}-{order}",'
         f'"web-scraper-start-url":"https:\\/\\/{host}\\/",'
-        f'"sku":"SKU-{index:07d}",'
+        f'"sku":"{sku_of(index)}",'
         f'"title":"{_WORDS[(h >> 40) & 15].capitalize()} {noun} {index} by {host}",'
         f'"description":"{description}",'
         f'"price":"{cents // 100}.{cents % 100:02d}",'
