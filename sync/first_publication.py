@@ -111,6 +111,10 @@ def copy_plain_rows(
         f"CROSS JOIN LATERAL (SELECT {', '.join(extracted)} OFFSET 0) AS e "
         "WHERE o.run_id = :run_id AND o.validation_state = :valid"
         + "".join(f" AND {c}" for c in conditions)
+        # in key order, so the table's primary key (and the history copied from the table
+        # after) grows at its right edge instead of splitting pages all over it: an export
+        # comes in crawl order
+        + " ORDER BY o.entity_key"
     )
     result = cast(CursorResult[Any], session.execute(text(statement), params))
     return int(result.rowcount or 0)
