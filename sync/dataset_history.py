@@ -101,7 +101,7 @@ def open_all(session: Session, tables: DatasetTables, *, run_id: str, start: dat
                 *(x[n] for n in names),
                 literal(run_id, type_=tables.history.c.run_id.type),
                 literal(start, type_=tables.history.c.valid_from.type),
-            ).order_by(x.entity_key),  # the history's indexes lead with the key: appended to
+            ).order_by(x.entity_key),  # its indexes lead with the key: each entry goes last
         )
     )
 
