@@ -307,19 +307,18 @@ class ObservationStager:
                 duplicate_keys=0,
                 conflicting_duplicates=0,
             )
-        dup = conn.execute(
-            text(
-                # the cheap question first: most exports hold each key once
-                "SELECT 0 AS keys, 0 AS n, 0 AS conflicting"
-                if not conn.exec_driver_sql(_DUPLICATES).scalar_one()
-                else "SELECT count(*) AS keys, coalesce(sum(n), 0) AS n, "
-                "count(*) FILTER (WHERE first_hash <> last_hash) AS conflicting "
-                "FROM (SELECT count(*) AS n, min(payload_hash) AS first_hash, "
-                "max(payload_hash) AS last_hash FROM obs_staging "
-                "GROUP BY observation_key HAVING count(*) > 1) AS d"
-            )
-        ).one()
-        duplicates = int(dup.n) - int(dup.keys)
+        duplicates = conflicting = 0
+        if conn.exec_driver_sql(_DUPLICATES).scalar_one():  # most exports hold each key once
+            dup = conn.execute(
+                text(
+                    "SELECT count(*) AS keys, coalesce(sum(n), 0) AS n, "
+                    "count(*) FILTER (WHERE first_hash <> last_hash) AS conflicting "
+                    "FROM (SELECT count(*) AS n, min(payload_hash) AS first_hash, "
+                    "max(payload_hash) AS last_hash FROM obs_staging "
+                    "GROUP BY observation_key HAVING count(*) > 1) AS d"
+                )
+            ).one()
+            duplicates, conflicting = int(dup.n) - int(dup.keys), int(dup.conflicting)
         if duplicates:
             conn.execute(
                 text(
@@ -391,7 +390,7 @@ class ObservationStager:
             updated=updated,
             unchanged=self.count - duplicates - inserted - updated,
             duplicate_keys=duplicates,
-            conflicting_duplicates=int(dup.conflicting),
+            conflicting_duplicates=conflicting,
         )
 
     def _send_payloads(self, run_id: str) -> None:
