@@ -29,8 +29,8 @@ import argparse
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from decimal import Decimal
 from typing import Any
 
@@ -124,18 +124,23 @@ def wire(url: str, cloud: CloudState, downloads: MemoryExports) -> Services:
 
 
 @contextmanager
-def typed_tables_off() -> Iterator[None]:
-    """Publication as it was before the typed tables: pointer and outbox events only."""
+def publication_as(stand_in: Callable[..., materialise.Materialised]) -> Iterator[None]:
+    """Publication to the typed tables replaced by ``stand_in`` for the block."""
     real = materialise.apply_publication
-
-    def nothing(_session: Any, dataset: Any, run: Any, **kw: Any) -> materialise.Materialised:
-        return materialise.Materialised(ChangeSet(dataset.name, run.run_id, None), ())
-
-    materialise.apply_publication = nothing  # type: ignore[assignment]
+    materialise.apply_publication = stand_in  # type: ignore[assignment]
     try:
         yield
     finally:
         materialise.apply_publication = real  # type: ignore[assignment]
+
+
+def typed_tables_off() -> AbstractContextManager[None]:
+    """Publication as it was before the typed tables: pointer and outbox events only."""
+
+    def nothing(_session: Any, dataset: Any, run: Any, **kw: Any) -> materialise.Materialised:
+        return materialise.Materialised(ChangeSet(dataset.name, run.run_id, None), ())
+
+    return publication_as(nothing)
 
 
 def sync_and_evaluate(
@@ -184,8 +189,7 @@ FIRST_BUDGET = 0.25  # typed tables add at most this share to a first sync
 SAME_BUDGET = 0.1  # seconds they add at most to a forced repeat of unchanged data
 
 
-@contextmanager
-def publication_timed(spent: list[float]) -> Iterator[None]:
+def publication_timed(spent: list[float]) -> AbstractContextManager[None]:
     """Publication to the typed tables as it is, each call's seconds appended to ``spent``."""
     real = materialise.apply_publication
 
@@ -196,11 +200,7 @@ def publication_timed(spent: list[float]) -> Iterator[None]:
         finally:
             spent.append(time.perf_counter() - started)
 
-    materialise.apply_publication = timed  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        materialise.apply_publication = real  # type: ignore[assignment]
+    return publication_as(timed)
 
 
 Times = tuple[float, float, float]  # sync, evaluation, and the typed tables' part of it
