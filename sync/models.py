@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Text,
@@ -246,6 +247,8 @@ class Observation(Base):
     start_url: Mapped[str | None] = mapped_column(Text)
     payload: Mapped[dict[str, Any]]
     payload_hash: Mapped[str] = mapped_column(String(64))
+    # the export line it was last written from, keyed by the read rules (sync.line_digests)
+    line_digest: Mapped[bytes | None] = mapped_column(LargeBinary)
     source_job_id: Mapped[int] = mapped_column(BigInteger)
     source_attempt_id: Mapped[str] = mapped_column(String(36))
     validation_state: Mapped[str] = mapped_column(String(20), default=ValidationState.PENDING)

@@ -7,8 +7,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sync.cloud.download import InvalidRecord
+from sync.cloud.download import InvalidRecord, KnownLine
 from sync.identity import RecordIdentity
+from sync.line_digests import LineDigests
 from sync.staging import ObservationStager
 
 # --- records that cannot be stored ---------------------------------------------------------------
@@ -99,23 +100,31 @@ class ExportRead:
 
 def stage_export(
     stager: ObservationStager,
-    records: Iterable[tuple[int, Mapping[str, Any] | InvalidRecord]],
+    records: Iterable[tuple[int, Mapping[str, Any] | InvalidRecord | KnownLine]],
     identify: RecordIdentity,
     *,
     frozen: frozenset[str],
     max_record_bytes: int,
     tick: Callable[[int], None],
+    lines: LineDigests | None = None,
 ) -> ExportRead:
     """Stage every storable record of an export; set the others aside and count them.
-    ``tick`` gets the count of lines read every thousand staged records."""
+    ``tick`` gets the count of lines read every thousand staged records. ``lines`` digests the
+    lines as ``records`` reads them: each record is staged with its line's digest, and a line
+    known as a stored row's comes as a KnownLine, counted by the stager."""
     found = ExportRead()
     invalid = found.invalid
     read = missing = protected = 0
-    add = stager.add
+    add, known = stager.add, stager.known
     quarter = max_record_bytes // 4
     try:
         for line, item in records:
             read += 1
+            if isinstance(item, KnownLine):
+                known(item.index)
+                if read % 1000 == 0:
+                    tick(read)
+                continue
             if isinstance(item, InvalidRecord):
                 invalid.add(item)
                 continue
@@ -143,7 +152,7 @@ def stage_export(
                 if problem is not None:  # set aside and counted: one bad record never sinks a job
                     invalid.add(InvalidRecord(line, *problem, partition=partition))
                     continue
-            add(staged)
+            add(staged, lines.last if lines is not None else None)
             if read % 1000 == 0:
                 tick(read)
     except BaseException as exc:  # a copy still under way is cancelled before the rollback

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from sync import logs
 from sync.identity import Identified
+from sync.line_digests import LineDigests
 from sync.models import UTCDateTime
 from sync.states import ValidationState
 
@@ -40,14 +41,19 @@ class UpsertCounts:
 
 _STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS obs_staging (ord integer, observation_key text, "
-    "payload_hash text, entity_key text, partition text, start_url text, payload text)"
+    "payload_hash text, entity_key text, partition text, start_url text, payload text, "
+    "line_digest {binary})"
 )
-# in the order of RecordIdentity's values, the payload left out when keys go first
-_STAGED_COLUMNS = "ord, observation_key, entity_key, partition, start_url, payload, payload_hash"
-_KEY_COLUMNS = "ord, observation_key, entity_key, partition, start_url, payload_hash"
+# in the order of RecordIdentity's values and the line's digest, the payload left out when keys
+# go first
+_STAGED_COLUMNS = (
+    "ord, observation_key, entity_key, partition, start_url, payload, payload_hash, line_digest"
+)
+_KEY_COLUMNS = "ord, observation_key, entity_key, partition, start_url, payload_hash, line_digest"
 _CHANGES = (
     "CREATE TEMP TABLE obs_changes (ord integer, observation_key text, payload_hash text, "
-    "entity_key text, partition text, start_url text, payload text) ON COMMIT DROP"
+    "entity_key text, partition text, start_url text, payload text, line_digest bytea) "
+    "ON COMMIT DROP"
 )
 # Every join of the staged records with observations is limited to the sync's run: a key names
 # its dataset and window, so it is only ever stored in that run, and the run's rows are found
@@ -56,7 +62,8 @@ _CHANGES = (
 _TO_WRITE = (
     "SELECT "  # noqa: S608 - constant SQL
     + ", ".join(f"c.{name}" for name in _KEY_COLUMNS.split(", "))
-    + " FROM obs_staging c LEFT JOIN observations o ON o.observation_key = c.observation_key "
+    + ", o.observation_key IS NULL AS new"
+    " FROM obs_staging c LEFT JOIN observations o ON o.observation_key = c.observation_key "
     "AND o.run_id = %(run_id)s "
     "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash ORDER BY c.ord"
 )
@@ -82,8 +89,8 @@ class Source:
 
 _DIRECT = (
     "COPY observations (observation_key, dataset, entity_key, run_id, collection_window, "
-    "partition, start_url, payload, payload_hash, source_job_id, source_attempt_id, "
-    "validation_state, first_seen_at, last_changed_at) FROM STDIN"
+    "partition, start_url, payload, payload_hash, line_digest, source_job_id, "
+    "source_attempt_id, validation_state, first_seen_at, last_changed_at) FROM STDIN"
 )
 
 
@@ -110,7 +117,7 @@ class _DirectCopy:
         self.rows = 0
         self._failed: str | None = None  # why the server refused the copy before its end
 
-    def add(self, staged: Identified) -> None:
+    def add(self, staged: Identified, line_digest: bytes | None) -> None:
         """Copy one record, and keep it in the spool."""
         observation_key, entity_key, partition, start_url, payload, payload_hash = staged
         s = self._source
@@ -127,6 +134,7 @@ class _DirectCopy:
                         start_url,
                         payload,
                         payload_hash,
+                        line_digest,
                         s.job_id,
                         s.attempt_id,
                         ValidationState.PENDING.value,
@@ -136,7 +144,8 @@ class _DirectCopy:
                 )
             except psycopg.Error as exc:  # the server gave up on the copy: the spool goes on
                 self._failed = type(exc).__name__
-        self.spool.write(orjson.dumps(staged) + b"\n")
+        digest = line_digest.hex() if line_digest is not None else None
+        self.spool.write(orjson.dumps((*staged, digest)) + b"\n")
 
     def finish(self) -> bool:
         """End the copy: True when every record went in, False when the server refused it (a
@@ -189,6 +198,10 @@ class ObservationStager:
     Straight in (PostgreSQL, a run's first sync, given its ``source``): the records are copied
     into observations as they come (see :class:`_DirectCopy`); ``flush`` at the end of the
     export ends the copy.
+
+    Known lines (keys first, given the run's ``lines``): a line whose digest a row of the run
+    holds is that row's record, stored as it is (see :mod:`sync.line_digests`); it is counted,
+    not staged, unless its key comes on another line too.
     """
 
     def __init__(
@@ -198,6 +211,7 @@ class ObservationStager:
         batch_size: int = BATCH_SIZE,
         run_id: str | None = None,
         source: Source | None = None,
+        lines: LineDigests | None = None,
     ) -> None:
         self.session = session
         self.conn: Connection = session.connection()
@@ -206,7 +220,10 @@ class ObservationStager:
         self.count = 0
         self._batch: list[tuple[Any, ...]] = []
         self._table = "obs_staging"
-        self.conn.exec_driver_sql(_STAGING + (" ON COMMIT DROP" if self.postgres else ""))
+        binary = "bytea" if self.postgres else "blob"
+        self.conn.exec_driver_sql(
+            _STAGING.format(binary=binary) + (" ON COMMIT DROP" if self.postgres else "")
+        )
         self.conn.exec_driver_sql("DELETE FROM obs_staging")
         self.keys_first = (
             self.postgres
@@ -225,12 +242,18 @@ class ObservationStager:
         self.copied: int | None = None  # rows copied straight in, once that copy went through
         if self.postgres and not self.keys_first and source is not None:
             self._direct = _DirectCopy(self.conn, source)
+        self._lines = lines if self.keys_first and lines is not None and lines.known else None
+        # per stored digest: the order of the last line that had it (0: none did)
+        self._last_known = array("q", [0]) * (self._lines.known if self._lines else 0)
+        self._known_lines = 0  # lines counted as known rows
+        self._known_again = 0  # of them, lines that a line before them had already named
 
-    def add(self, staged: Identified) -> None:
-        """Stage one record: its values as :class:`RecordIdentity` gives them."""
+    def add(self, staged: Identified, line_digest: bytes | None = None) -> None:
+        """Stage one record: its values as :class:`RecordIdentity` gives them, and the digest of
+        its line (see :mod:`sync.line_digests`)."""
         self.count += 1
         if self._direct is not None:
-            self._direct.add(staged)
+            self._direct.add(staged, line_digest)
             return
         if self._spool is not None:
             observation_key, entity_key, partition, start_url, payload, payload_hash = staged
@@ -239,12 +262,36 @@ class ObservationStager:
             self._spooled += len(data)
             self._ends.append(self._spooled)
             self._batch.append(
-                (self.count, observation_key, entity_key, partition, start_url, payload_hash)
+                (
+                    self.count,
+                    observation_key,
+                    entity_key,
+                    partition,
+                    start_url,
+                    payload_hash,
+                    line_digest,
+                )
             )
         else:
-            self._batch.append((self.count, *staged))
+            self._batch.append((self.count, *staged, line_digest))
         if len(self._batch) >= self.batch_size:
             self.flush()
+
+    @property
+    def knows_lines(self) -> bool:
+        """Whether lines known as the run's stored rows are to be counted by :meth:`known`."""
+        return self._lines is not None
+
+    def known(self, index: int) -> None:
+        """Count a line that is the record of the run's row with stored digest ``index`` (as
+        the ``lines`` given say), without staging it."""
+        assert self._lines is not None, "known lines are counted only when given"
+        self.count += 1
+        self._known_lines += 1
+        if self._last_known[index]:
+            self._known_again += 1
+        self._last_known[index] = self.count
+        self._ends.append(self._spooled)  # no payload: a known line is never written
 
     def flush(self) -> None:
         """Write the buffered records to the staging table (straight in: end the copy, and
@@ -272,7 +319,7 @@ class ObservationStager:
                     copy.write_row(row)
         else:
             self.conn.exec_driver_sql(
-                f"INSERT INTO obs_staging ({_STAGED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant SQL
+                f"INSERT INTO obs_staging ({_STAGED_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",  # noqa: S608 - constant SQL
                 self._batch,
             )
         self._batch.clear()
@@ -282,7 +329,8 @@ class ObservationStager:
         spool.seek(0)
         count, self.count = self.count, 0
         for line in spool:
-            self.add(cast(Identified, tuple(orjson.loads(line))))  # as the copy spooled it
+            *staged, digest = orjson.loads(line)  # as the copy spooled it
+            self.add(cast(Identified, tuple(staged)), bytes.fromhex(digest) if digest else None)
         assert self.count == count, "the spool holds every record copied"
 
     def abort(self, exc: BaseException) -> None:
@@ -307,6 +355,8 @@ class ObservationStager:
                 duplicate_keys=0,
                 conflicting_duplicates=0,
             )
+        # the rows staged: the parsed records, and known lines whose key came on another line too
+        rows = self.count - self._known_lines + self._stage_known_keys(source.run_id)
         duplicates = conflicting = 0
         if conn.exec_driver_sql(_DUPLICATES).scalar_one():  # most exports hold each key once
             dup = conn.execute(
@@ -328,25 +378,26 @@ class ObservationStager:
                     "ON d.observation_key = s.observation_key WHERE s.ord < d.last)"
                 )
             )
-        if self._spool is not None:
-            self._send_payloads(source.run_id)
+        todo = self._send_payloads(source.run_id) if self._spool is not None else None
         # One join finds what is new or changed; only those rows are written (or even locked).
         # The conflict clause keeps a payload that another sync made the same from a rewrite.
         payload = "CAST(c.payload AS jsonb)" if self.postgres else "c.payload"
         upsert = (
             "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "  # noqa: S608 - constant SQL
-            "collection_window, partition, start_url, payload, payload_hash, "
+            "collection_window, partition, start_url, payload, payload_hash, line_digest, "
             "source_job_id, source_attempt_id, validation_state, first_seen_at, "
             "last_changed_at) "
             "SELECT c.observation_key, :dataset, c.entity_key, :run_id, :window, "
-            f"c.partition, c.start_url, {payload}, c.payload_hash, :job_id, :attempt_id, "
+            f"c.partition, c.start_url, {payload}, c.payload_hash, c.line_digest, :job_id, "
+            ":attempt_id, "
             f"'{ValidationState.PENDING}', :now, :now FROM {self._table} c "
             "LEFT JOIN observations o ON o.observation_key = c.observation_key "
             "AND o.run_id = :in_run "
             "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash "
             "ON CONFLICT (observation_key) DO UPDATE SET "
             "payload = excluded.payload, payload_hash = excluded.payload_hash, "
-            "partition = excluded.partition, start_url = excluded.start_url, "
+            "line_digest = excluded.line_digest, partition = excluded.partition, "
+            "start_url = excluded.start_url, "
             "entity_key = excluded.entity_key, source_job_id = excluded.source_job_id, "
             "source_attempt_id = excluded.source_attempt_id, "
             f"validation_state = '{ValidationState.PENDING}', "
@@ -363,7 +414,7 @@ class ObservationStager:
             "now": now,
         }
         if self.postgres:
-            inserted, updated = self._write_changes(upsert, params, self.count - duplicates)
+            inserted, updated = self._write_changes(upsert, params, rows - duplicates, todo)
         else:  # one writer at a time: what the join finds is what the upsert writes
             written = conn.execute(
                 text(
@@ -384,6 +435,7 @@ class ObservationStager:
                 conn.exec_driver_sql(f"DROP TABLE {self._table}")
         else:
             conn.exec_driver_sql("DELETE FROM obs_staging")
+        duplicates += self._known_again  # the same line again: the same key, the same payload
         return UpsertCounts(
             staged=self.count,
             inserted=inserted,
@@ -393,11 +445,12 @@ class ObservationStager:
             conflicting_duplicates=conflicting,
         )
 
-    def _send_payloads(self, run_id: str) -> None:
+    def _send_payloads(self, run_id: str) -> tuple[int, int]:
         """Keys first: the staged records that are new or changed come back from one join, and
-        go to obs_changes with their spooled payloads; the merge reads those rows alone.
-        Analysed at once: a temporary table has no statistics, and a planner that guesses
-        its size picks joins that cost more than the whole merge."""
+        go to obs_changes with their spooled payloads; the merge reads those rows alone; how
+        many were new and how many changed. Analysed at once: a temporary table has no
+        statistics, and a planner that guesses its size picks joins that cost more than the
+        whole merge."""
         spool = self._spool
         assert spool is not None
         spool.flush()
@@ -405,6 +458,7 @@ class ObservationStager:
         raw = self.conn.connection.driver_connection
         assert raw is not None
         self.conn.exec_driver_sql(_CHANGES)
+        new = changed = 0
         with raw.cursor(name="obs_to_write") as wanted:
             wanted.execute(_TO_WRITE, {"run_id": run_id})
             while rows := wanted.fetchmany(self.batch_size):
@@ -412,15 +466,56 @@ class ObservationStager:
                     raw.cursor() as cursor,
                     cursor.copy(f"COPY obs_changes ({_STAGED_COLUMNS}) FROM STDIN") as copy,
                 ):
-                    for number, key, entity, partition, start_url, payload_hash in rows:
+                    for row in rows:
+                        number, key, entity, partition, start_url, payload_hash, line, is_new = row
+                        if is_new:
+                            new += 1
+                        else:
+                            changed += 1
                         start = ends[number - 2] if number > 1 else 0
                         payload = os.pread(fd, ends[number - 1] - start, start).decode()
                         copy.write_row(
-                            (number, key, entity, partition, start_url, payload, payload_hash)
+                            (number, key, entity, partition, start_url, payload, payload_hash, line)
                         )
         self.conn.exec_driver_sql("ANALYZE obs_changes")
         self.close()
         self._table = "obs_changes"
+        return new, changed
+
+    def _stage_known_keys(self, run_id: str) -> int:
+        """Stage the known lines whose key a parsed record has too (as the row they name, with
+        the order of the last such line), so that duplicate keys count and the last record of
+        a key wins as in a full import; how many were staged."""
+        lines = self._lines
+        if lines is None or not self._known_lines:
+            return 0
+        self.flush()
+        last = self._last_known
+        found = self.conn.execute(
+            text(
+                "SELECT o.line_digest FROM obs_staging c JOIN observations o "
+                "ON o.observation_key = c.observation_key AND o.run_id = :run_id "
+                "WHERE o.line_digest IS NOT NULL"
+            ),
+            {"run_id": run_id},
+        ).scalars()
+        both: dict[bytes, int] = {}
+        for digest in found:
+            index = lines.index_of(bytes(digest))
+            if index >= 0 and last[index]:
+                both[bytes(digest)] = last[index]
+        if both:
+            self.conn.execute(
+                text(
+                    f"INSERT INTO obs_staging ({_KEY_COLUMNS}) "  # noqa: S608 - constant SQL
+                    "SELECT k.ord, o.observation_key, o.entity_key, o.partition, o.start_url, "
+                    "o.payload_hash, o.line_digest FROM observations o JOIN "
+                    "unnest(CAST(:ords AS integer[]), CAST(:digests AS bytea[])) AS k(ord, d) "
+                    "ON o.line_digest = k.d AND o.run_id = :run_id"
+                ),
+                {"ords": list(both.values()), "digests": list(both), "run_id": run_id},
+            )
+        return len(both)
 
     def close(self) -> None:
         """Remove the payload spool, if any."""
@@ -428,11 +523,14 @@ class ObservationStager:
             self._spool.close()
             self._spool = None
 
-    def _write_changes(self, upsert: str, params: dict[str, Any], rows: int) -> tuple[int, int]:
+    def _write_changes(
+        self, upsert: str, params: dict[str, Any], rows: int, todo: tuple[int, int] | None
+    ) -> tuple[int, int]:
         """Write new and changed rows on PostgreSQL (``rows`` staged, one per key); (inserted,
         updated).
 
-        One join counts what is new and what changed; a plain UPDATE of the changed keys and a
+        One join counts what is new and what changed (keys first: ``todo``, counted as the
+        payloads were sent); a plain UPDATE of the changed keys and a
         plain INSERT of the new ones, each run only when needed, cost about half of one
         INSERT ... ON CONFLICT. When every staged key was new (a run's first sync), the INSERT
         takes them all without looking each one up again. If another sync inserted one of the
@@ -441,21 +539,25 @@ class ObservationStager:
         """
         conn = self.conn
         now = bindparam("now", type_=UTCDateTime())
-        todo = conn.execute(
-            text(
-                "SELECT count(*) FILTER (WHERE o.observation_key IS NULL) AS new, "  # noqa: S608 - constant SQL
-                "count(*) FILTER (WHERE o.payload_hash <> c.payload_hash) AS changed "
-                f"FROM {self._table} c LEFT JOIN observations o "
-                "ON o.observation_key = c.observation_key AND o.run_id = :in_run"
-            ),
-            params,
-        ).one()
+        if todo is None:
+            found = conn.execute(
+                text(
+                    "SELECT count(*) FILTER (WHERE o.observation_key IS NULL) AS new, "  # noqa: S608 - constant SQL
+                    "count(*) FILTER (WHERE o.payload_hash <> c.payload_hash) AS changed "
+                    f"FROM {self._table} c LEFT JOIN observations o "
+                    "ON o.observation_key = c.observation_key AND o.run_id = :in_run"
+                ),
+                params,
+            ).one()
+            todo = (int(found.new), int(found.changed))
+        new, changed = todo
         updated = 0
-        if todo.changed:
+        if changed:
             updated = conn.execute(
                 text(
                     "UPDATE observations o SET payload = CAST(c.payload AS jsonb), "  # noqa: S608 - constants only
-                    "payload_hash = c.payload_hash, partition = c.partition, "
+                    "payload_hash = c.payload_hash, line_digest = c.line_digest, "
+                    "partition = c.partition, "
                     "start_url = c.start_url, entity_key = c.entity_key, source_job_id = :job_id, "
                     "source_attempt_id = :attempt_id, "
                     f"validation_state = '{ValidationState.PENDING}', "
@@ -465,13 +567,13 @@ class ObservationStager:
                 ).bindparams(now),
                 params,
             ).rowcount
-        if not todo.new:
+        if not new:
             return 0, int(updated)
         conn.exec_driver_sql("SAVEPOINT obs_insert")
         try:
             only_new = (
                 ""
-                if todo.new == rows
+                if new == rows
                 else (
                     " WHERE NOT EXISTS (SELECT 1 FROM observations o "
                     "WHERE o.observation_key = c.observation_key AND o.run_id = :in_run)"

@@ -45,6 +45,7 @@ from sync.failures import (
     throttled_in_a_row,
 )
 from sync.identity import RecordIdentity
+from sync.line_digests import LineDigests
 from sync.models import SyncTask
 from sync.staging import UpsertCounts
 from sync.states import AttemptOutcome, TaskState
@@ -303,14 +304,26 @@ def _import(
                 attempt_id=lease.attempt_id,
                 now=services.clock(),
             )
-            stager = staging.ObservationStager(session, run_id=target.run_id, source=source)
+            # lines a row of the run was written from are known unchanged without parsing; a
+            # recovery batch, which sets frozen partitions' records aside, reads every line
+            known = (
+                LineDigests(rules)
+                if target.frozen_partitions
+                else LineDigests.of_run(session, rules, target.run_id)
+            )
+            stager = staging.ObservationStager(
+                session, run_id=target.run_id, source=source, lines=known
+            )
             read = records.stage_export(
                 stager,
-                cloud.iter_export(job.id, lines),
+                cloud.iter_export(
+                    job.id, lines, known=known.find if stager.knows_lines else known.miss
+                ),
                 RecordIdentity(dataset, target.window),
                 frozen=target.frozen_partitions,
                 max_record_bytes=settings.max_record_bytes,
                 tick=tick,
+                lines=known,
             )
             origin = None
             invalid_count, invalid_detail = read.invalid.count, read.invalid.as_detail()

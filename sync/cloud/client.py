@@ -30,6 +30,7 @@ from sync.cloud.budget import ApiBudget
 from sync.cloud.download import (
     DEFAULT_MAX_LINE_BYTES,
     InvalidRecord,
+    KnownLine,
     SkippedLine,
     body_lines,
     is_json,
@@ -213,6 +214,7 @@ class CloudClient:
                     else f"is invalid ({item.reason}: {item.detail})"
                 )
                 raise CloudError(f"GET scraping-job/{job_id}/json: line {number} {what}")
+            assert isinstance(item, dict), "no line is known without a caller that knows it"
             yield item
 
     def export_lines(self, job_id: int) -> Iterator[str | SkippedLine]:
@@ -221,12 +223,18 @@ class CloudClient:
         return self._download_lines(f"scraping-job/{_id(job_id)}/json", final_line_ok=is_json)
 
     def iter_export(
-        self, job_id: int, lines: Iterable[str | SkippedLine] | None = None
-    ) -> Iterator[tuple[int, dict[str, Any] | InvalidRecord]]:
+        self,
+        job_id: int,
+        lines: Iterable[str | SkippedLine] | None = None,
+        *,
+        known: Callable[[str], int] | None = None,
+    ) -> Iterator[tuple[int, dict[str, Any] | InvalidRecord | KnownLine]]:
         """Stream a scraping job's JSON Lines export as (line number, record); a line that is
         too long, not UTF-8, not JSON or not an object comes as an InvalidRecord instead, and
         the stream goes on. Blank lines are skipped. ``lines`` are the export's lines when the
-        caller has them already (from :meth:`export_lines`)."""
+        caller has them already (from :meth:`export_lines`). ``known`` is asked about every
+        other line before it is parsed: a line it gives an index of (not -1) comes as a
+        KnownLine, unparsed."""
         number = 0
         progress, total = self.progress, self._record_counts.get(job_id)
         for line in self.export_lines(job_id) if lines is None else lines:
@@ -242,6 +250,11 @@ class CloudClient:
                 line = line.removeprefix("\ufeff")
             if not line.strip():
                 continue
+            if known is not None:
+                index = known(line)
+                if index >= 0:
+                    yield number, KnownLine(index)
+                    continue
             try:
                 record = orjson.loads(line)  # several times faster than json on big exports
             except orjson.JSONDecodeError as exc:

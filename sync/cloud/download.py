@@ -42,6 +42,14 @@ class InvalidRecord:
     partition: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class KnownLine:
+    """A line of an export that the caller recognised and that was not parsed: ``index`` is
+    what the caller's recognition said about it."""
+
+    index: int
+
+
 class _Gunzip:
     """Incremental gzip decoder that can tell a complete stream from one cut short."""
 

@@ -1,0 +1,228 @@
+"""Known lines: an import of a run that finds again the lines its rows were written from counts
+them unchanged without parsing them, and stores and counts exactly what a full import does."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import select, text
+
+from sync.bootstrap import Services
+from sync.cloud.client import CloudClient
+from sync.identity import Identified, RecordIdentity
+from sync.line_digests import LineDigests
+from sync.models import Observation
+from sync.records import ExportRead, stage_export
+from sync.repeat import read_rules
+from sync.staging import ObservationStager, Source, UpsertCounts
+
+pytestmark = pytest.mark.postgres
+
+NOW = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
+_windows = itertools.count(1)
+
+
+class CountingIdentity(RecordIdentity):
+    """RecordIdentity that counts the records it was asked about: the lines that were parsed."""
+
+    parsed = 0
+
+    def __call__(self, record: Any) -> Identified | None:
+        self.parsed += 1
+        return super().__call__(record)
+
+
+def line(sku: str, price: str, order: int = 1, **more: Any) -> str:
+    """One export line of the products dataset."""
+    record = {"web-scraper-order": f"1-{order}", "sku": sku, "price": price, **more}
+    return orjson.dumps(record).decode() + "\n"
+
+
+def _import(
+    services: Services,
+    attempt: str,
+    lines: list[str],
+    *,
+    window: str,
+    known: bool = True,
+    max_record_bytes: int = 1 << 20,
+) -> tuple[UpsertCounts, ExportRead, int]:
+    """Import ``lines`` into the run of ``window`` as a sync does (``known``: with the run's
+    stored line digests); (counts, what was read, how many records were parsed)."""
+    dataset = services.datasets.get("products")
+    run_id = f"run-{window}"
+    rules = read_rules(
+        dataset,
+        run_id=run_id,
+        window=window,
+        frozen=(),
+        max_record_bytes=max_record_bytes,
+        max_line_bytes=1 << 20,
+    )
+    identify = CountingIdentity(dataset, window)
+    source = Source("products", run_id, window, 1, attempt, NOW)
+    with services.uow.begin() as session:
+        digests = LineDigests.of_run(session, rules, run_id) if known else LineDigests(rules)
+        stager = ObservationStager(session, run_id=run_id, source=source, lines=digests)
+        records = CloudClient(token="line-digests-test").iter_export(
+            1, lines, known=digests.find if stager.knows_lines else digests.miss
+        )
+        read = stage_export(
+            stager,
+            records,
+            identify,
+            frozen=frozenset(),
+            max_record_bytes=max_record_bytes,
+            tick=lambda _: None,
+            lines=digests,
+        )
+        counts = stager.merge(source, now=NOW)
+        session.commit()
+    return counts, read, identify.parsed
+
+
+def _stored(services: Services, window: str) -> dict[str, tuple[Any, ...]]:
+    """entity key -> what its observation in the window's run holds."""
+    o = Observation.__table__.c
+    with services.uow.begin() as session:
+        rows = session.execute(
+            select(
+                o.entity_key,
+                o.payload,
+                o.payload_hash,
+                o.partition,
+                o.source_attempt_id,
+                o.last_changed_at,
+                o.line_digest,
+            ).where(o.run_id == f"run-{window}")
+        ).all()
+    return {r[0]: tuple(r[1:]) for r in rows}
+
+
+def _xmins(services: Services, window: str) -> dict[str, int]:
+    with services.uow.begin() as session:
+        rows = session.execute(
+            text("SELECT entity_key, xmin::text::bigint FROM observations WHERE run_id = :r"),
+            {"r": f"run-{window}"},
+        ).all()
+    return {key: xmin for key, xmin in rows}
+
+
+def _window() -> str:
+    return f"job-{next(_windows)}-{datetime.now(UTC).timestamp():.0f}"
+
+
+def test_a_continue_parses_only_the_lines_that_changed(services: Services) -> None:
+    """The first import writes every row with its line's digest; a second import of the same
+    run with a tenth of the lines changed parses those alone, updates their rows (and their
+    digests) and neither parses nor rewrites the rest, with the counts a full import gives."""
+    window = _window()
+    first = [line(f"S{i}", f"{i}.00", order=i) for i in range(100)]
+    counts, read, parsed = _import(services, "a1", first, window=window)
+    assert (counts.inserted, read.read, parsed) == (100, 100, 100)
+    stored = _stored(services, window)
+    assert all(row[5] is not None for row in stored.values())  # every row has its digest
+    before = _xmins(services, window)
+
+    second = [line(f"S{i}", f"{i}.99", order=i) if i % 10 == 9 else first[i] for i in range(100)]
+    counts, read, parsed = _import(services, "a2", second, window=window)
+    assert counts == UpsertCounts(100, 0, 10, 90, 0, 0)
+    assert (read.read, parsed) == (100, 10)
+    after = _xmins(services, window)
+    rewritten = {key for key in after if after[key] != before[key]}
+    assert rewritten == {f"S{i}" for i in range(9, 100, 10)}
+    now_stored = _stored(services, window)
+    assert now_stored["S9"][0]["price"] == "9.99"
+    assert now_stored["S9"][5] != stored["S9"][5]  # the changed row names its new line
+
+    # the same export again: every line is known, none is parsed, nothing is written
+    counts, read, parsed = _import(services, "a3", second, window=window)
+    assert counts == UpsertCounts(100, 0, 0, 100, 0, 0)
+    assert parsed == 0
+    assert _xmins(services, window) == after
+
+
+def test_a_known_line_and_another_line_of_its_key_count_and_win_as_in_a_full_import(
+    services: Services,
+) -> None:
+    """A key that comes on a known line and on another line too is a duplicate key, as in a full
+    import, and the last of its lines wins: the other line after the known one writes its
+    payload; the known line after the other one keeps the row as it is."""
+    window = _window()
+    stored_a, stored_b = line("A", "1", order=1), line("B", "1", order=2)
+    _import(services, "a1", [stored_a, stored_b], window=window)
+
+    counts, _, parsed = _import(
+        services, "a2", [stored_a, stored_b, line("A", "2", order=3)], window=window
+    )
+    assert parsed == 1
+    assert counts == UpsertCounts(3, 0, 1, 1, 1, 1)
+    assert _stored(services, window)["A"][0]["price"] == "2"
+
+    written_a = line("A", "2", order=3)  # the line A's row now holds
+    counts, _, _ = _import(
+        services, "a3", [line("A", "5", order=4), written_a, stored_b], window=window
+    )
+    assert counts == UpsertCounts(3, 0, 0, 2, 1, 1)
+    assert _stored(services, window)["A"][0]["price"] == "2"
+
+    counts, _, parsed = _import(services, "a4", [stored_b, stored_b, written_a], window=window)
+    assert parsed == 0
+    assert counts == UpsertCounts(3, 0, 0, 2, 1, 0)  # the same line twice: not conflicting
+
+
+def test_lines_read_under_other_rules_are_parsed_again(services: Services) -> None:
+    """A digest names a line read under the rules it was written with: an import under other
+    rules (here a lower record size limit) parses every line, and sets aside what those rules
+    refuse, as a full import does."""
+    window = _window()
+    lines = [line("A", "1"), line("B", "1", note="x" * 300)]
+    _import(services, "a1", lines, window=window)
+    counts, read, parsed = _import(services, "a2", lines, window=window, max_record_bytes=200)
+    assert parsed == 2
+    assert read.invalid.count == 1
+    assert counts == UpsertCounts(1, 0, 0, 1, 0, 0)
+
+
+_skus = st.sampled_from(["A", "B", "C", "D", "E"])
+_line = st.builds(
+    line,
+    _skus,
+    st.sampled_from(["1", "2"]),
+    order=st.integers(min_value=1, max_value=3),  # the same record on lines that differ
+)
+_junk = st.sampled_from(["not json\n", '{"price": "3"}\n', "[1, 2]\n", "\n"])
+_export = st.lists(st.one_of(_line, _line, _line, _junk), max_size=12)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(exports=st.lists(_export, min_size=1, max_size=4))
+def test_an_import_with_known_lines_stores_and_counts_what_a_full_import_does(
+    services: Services, exports: list[list[str]]
+) -> None:
+    """Any sequence of exports into one run, imported with known lines, leaves the rows and
+    counts that importing the same sequence in full leaves (line digests aside: they name the
+    window they were read for)."""
+    with_known, in_full = _window(), _window()
+    for number, export in enumerate(exports, start=1):
+        attempt = f"a{number}"
+        known = _import(services, attempt, export, window=with_known)
+        full = _import(services, attempt, export, window=in_full, known=False)
+        assert known[0] == full[0]
+        assert (known[1].read, known[1].missing_key, known[1].invalid.count) == (
+            full[1].read,
+            full[1].missing_key,
+            full[1].invalid.count,
+        )
+        assert known[2] <= full[2]
+        got = {key: row[:5] for key, row in _stored(services, with_known).items()}
+        want = {key: row[:5] for key, row in _stored(services, in_full).items()}
+        assert got == want
