@@ -5,12 +5,12 @@ lines it finds again unchanged without parsing them.
 A line's digest is the first 16 bytes of the SHA-256 of the read rules and the line (see
 :func:`sync.repeat.read_rules`: the dataset's whole definition, run, window, frozen partitions,
 size limits and the import rules' version); two lines with one digest would take about 2^64
-tries to find, so a scraped page cannot pass a change off as a known line. The same line read under the same rules stages the
-same observation key, partition, payload and payload hash, so a line whose digest a row of the
-run holds is that row's record, stored as it is: a full import would stage it and find it
-unchanged. Every write of a row sets its digest along with its payload (:mod:`sync.staging`);
-a row whose payload an import finds unchanged keeps the digest it had, which still names a line
-that stages that payload.
+tries to find, so a scraped page cannot pass a change off as a known line. The same line read
+under the same rules stages the same observation key, partition, payload and payload hash, so a
+line whose digest a row of the run holds is that row's record, stored as it is: a full import
+would stage it and find it unchanged. Every write of a row sets its digest along with its
+payload (:mod:`sync.staging`); a row whose payload an import finds unchanged keeps the digest it
+had, which still names a line that stages that payload.
 
 What a known line does not tell is whether its key also came on another line of the export. The
 stager keeps, per stored digest, the order of the last line that had it (a line that had it again
@@ -25,7 +25,7 @@ payload next changes, and their lines are parsed meanwhile).
 
 The stored digests are read once, sorted by PostgreSQL, into two arrays of 64-bit halves: 16
 bytes per row of the run, about 16 MiB for a million, where a set of them would take several
-times as much.
+times as much; the stager adds 4 bytes per row for the order of the last line that had each.
 """
 
 from __future__ import annotations
@@ -35,37 +35,50 @@ import sys
 from array import array
 from bisect import bisect_left
 
-from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 DIGEST_SIZE = 16
-_STORED = text(
-    "SELECT string_agg(line_digest, ''::bytea ORDER BY line_digest) FROM observations "
-    "WHERE run_id = :run_id AND line_digest IS NOT NULL"
+FETCH = 8192  # digests read per round trip
+_STORED = (
+    "SELECT line_digest FROM observations WHERE run_id = %(run_id)s "
+    "AND line_digest IS NOT NULL ORDER BY line_digest"
 )
 
 
 class LineDigests:
     """The digests of one import's lines under its read rules, and the run's stored ones."""
 
-    def __init__(self, rules: str, stored: bytes = b"") -> None:
+    def __init__(self, rules: str) -> None:
         self._rules = hashlib.sha256(b"scrapesync lines\x1f" + rules.encode())
-        halves = array("Q")
-        halves.frombytes(stored)
+        self._high = array("Q")
+        self._low = array("Q")
+        self.known = 0
+        self.last = b""  # the digest of the last line asked about
+
+    def _add_sorted(self, digests: bytes) -> None:
+        """Take stored digests, concatenated, in ascending order and after those taken so far."""
+        halves = array("Q", digests)
         if sys.byteorder == "little":  # big-endian halves sort as the bytes do
             halves.byteswap()
-        self._high = halves[0::2]
-        self._low = halves[1::2]
+        self._high.extend(halves[0::2])
+        self._low.extend(halves[1::2])
         self.known = len(self._high)
-        self.last = b""  # the digest of the last line asked about
 
     @classmethod
     def of_run(cls, session: Session, rules: str, run_id: str) -> LineDigests:
-        """The digests the run's rows hold (PostgreSQL; none elsewhere)."""
-        if session.connection().dialect.name != "postgresql":
-            return cls(rules)
-        stored = session.execute(_STORED, {"run_id": run_id}).scalar_one()
-        return cls(rules, bytes(stored or b""))
+        """The digests the run's rows hold (PostgreSQL; none elsewhere), read a batch at a
+        time in binary, so that no more than the two arrays is ever held."""
+        found = cls(rules)
+        conn = session.connection()
+        if conn.dialect.name != "postgresql":
+            return found
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        with raw.cursor(name="line_digests", binary=True) as cursor:
+            cursor.execute(_STORED, {"run_id": run_id})
+            while batch := cursor.fetchmany(FETCH):
+                found._add_sorted(b"".join(digest for (digest,) in batch))
+        return found
 
     def digest(self, line: str) -> bytes:
         """A line's digest under the rules (kept as :attr:`last`)."""

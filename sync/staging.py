@@ -244,7 +244,7 @@ class ObservationStager:
             self._direct = _DirectCopy(self.conn, source)
         self._lines = lines if self.keys_first and lines is not None and lines.known else None
         # per stored digest: the order of the last line that had it (0: none did)
-        self._last_known = array("q", [0]) * (self._lines.known if self._lines else 0)
+        self._last_known = array("i", [0]) * (self._lines.known if self._lines else 0)
         self._known_lines = 0  # lines counted as known rows
         self._known_again = 0  # of them, lines that a line before them had already named
 
