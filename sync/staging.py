@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from sync import logs
 from sync.identity import Identified
-from sync.line_digests import LineDigests
+from sync.line_digests import DIGEST_SIZE, LineDigests
 from sync.models import UTCDateTime
 from sync.states import ValidationState
 
@@ -87,6 +87,7 @@ class Source:
     now: datetime
 
 
+_NO_DIGEST = bytes(1 + DIGEST_SIZE)
 _DIRECT = (
     "COPY observations (observation_key, dataset, entity_key, run_id, collection_window, "
     "partition, start_url, payload, payload_hash, line_digest, source_job_id, "
@@ -144,8 +145,9 @@ class _DirectCopy:
                 )
             except psycopg.Error as exc:  # the server gave up on the copy: the spool goes on
                 self._failed = type(exc).__name__
-        digest = line_digest.hex() if line_digest is not None else None
-        self.spool.write(orjson.dumps((*staged, digest)) + b"\n")
+        # the line's digest first (a flag byte and its 16 bytes), then the record's values
+        self.spool.write(_NO_DIGEST if line_digest is None else b"\x01" + line_digest)
+        self.spool.write(orjson.dumps(staged) + b"\n")
 
     def finish(self) -> bool:
         """End the copy: True when every record went in, False when the server refused it (a
@@ -328,9 +330,9 @@ class ObservationStager:
         """Stage the records a straight copy could not take, from its spool."""
         spool.seek(0)
         count, self.count = self.count, 0
-        for line in spool:
-            *staged, digest = orjson.loads(line)  # as the copy spooled it
-            self.add(cast(Identified, tuple(staged)), bytes.fromhex(digest) if digest else None)
+        while digest := spool.read(1 + DIGEST_SIZE):  # as the copy spooled it
+            staged = cast(Identified, tuple(orjson.loads(spool.readline())))
+            self.add(staged, digest[1:] if digest[0] else None)
         assert self.count == count, "the spool holds every record copied"
 
     def abort(self, exc: BaseException) -> None:

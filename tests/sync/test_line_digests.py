@@ -177,6 +177,21 @@ def test_a_known_line_and_another_line_of_its_key_count_and_win_as_in_a_full_imp
     assert counts == UpsertCounts(3, 0, 0, 2, 1, 0)  # the same line twice: not conflicting
 
 
+def test_a_first_sync_that_falls_back_from_the_straight_copy_keeps_each_rows_line(
+    services: Services,
+) -> None:
+    """A key twice in a run's first export undoes the copy straight in; the records staged from
+    its spool keep their lines' digests, so the row holds the digest of the line that won."""
+    window = _window()
+    lines = [line("A", "1", order=1), line("B", "1", order=2), line("A", "2", order=3)]
+    counts, _, _ = _import(services, "a1", lines, window=window)
+    assert counts == UpsertCounts(3, 2, 0, 0, 1, 1)
+    counts, _, parsed = _import(services, "a2", lines, window=window)
+    assert parsed == 1  # A's first line: its row was written from its last
+    assert counts == UpsertCounts(3, 0, 0, 2, 1, 1)
+    assert _stored(services, window)["A"][0]["price"] == "2"
+
+
 def test_lines_read_under_other_rules_are_parsed_again(services: Services) -> None:
     """A digest names a line read under the rules it was written with: an import under other
     rules (here a lower record size limit) parses every line, and sets aside what those rules
