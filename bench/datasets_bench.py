@@ -261,7 +261,7 @@ def bench_filter(url: str, n: int) -> list[tuple[str, float]]:
                 "price numeric, url text, retailer text)"
             )
         )
-        conn.execute(text("TRUNCATE datasets.products, datasets.products_history"))
+        conn.execute(text("TRUNCATE datasets.products, datasets.products_closed"))
         records = generate_records(n)
         raw = conn.connection.driver_connection
         assert raw is not None
