@@ -304,9 +304,9 @@ def bench_filter(url: str, n: int) -> list[tuple[str, float]]:
             text(
                 "INSERT INTO datasets.products (entity_key, sku, title, price, url, retailer, "
                 "partition, run_id, collection_window, first_seen_at, last_changed_at, "
-                "payload_hash) SELECT sku, sku, title, price, url, retailer, retailer, "
-                "'products-job-1', 'job-1', now(), now(), md5(sku) || md5(sku) "
-                "FROM plain_products"
+                "payload_hash, changed_by_run_id) SELECT sku, sku, title, price, url, retailer, "
+                "retailer, 'products-job-1', 'job-1', now(), now(), md5(sku) || md5(sku), "
+                "'products-job-1' FROM plain_products"
             )
         )
         conn.execute(text("ANALYZE plain_products"))
