@@ -20,7 +20,13 @@ records: sku, title, price, url, retailer), each measured side by side in the sa
     python -m bench.datasets_bench --records 10000 --runs 3 --filter-rows 100000
 
 The benchmark owns its database: it drops and re-migrates every table (only in a database whose
-name contains "bench").
+name contains "bench"), then asks for a checkpoint, so that every round starts from the same
+state: no checkpoint under way and the whole WAL allowance ahead. Without it the WAL of earlier
+rounds (about 0.5 GB a round, more with the typed tables) started checkpoints at moments that
+fell on either arm: an UPDATE of the run's observations just after one writes a full-page image
+of every page (+0.1 GB of WAL, +0.8 s), which weighed on whichever arm it met. What the typed
+tables' own writes cost later checkpoints is printed instead, as the WAL each arm's first
+evaluation writes.
 """
 
 from __future__ import annotations
@@ -86,8 +92,16 @@ def reset(url: str) -> None:
     engine = db.make_engine(url)
     with engine.begin() as conn:
         conn.execute(text("DROP SCHEMA IF EXISTS datasets CASCADE"))
-    engine.dispose()
     recreate_schema(url)
+    with engine.begin() as conn:
+        conn.execute(text("CHECKPOINT"))
+    engine.dispose()
+
+
+def wal_position(services: Services) -> int:
+    """Where PostgreSQL's write-ahead log is, in bytes."""
+    with services.uow.engine.connect() as conn:
+        return int(conn.execute(text("SELECT pg_current_wal_lsn() - '0/0'")).scalar_one())
 
 
 def small_export(n: int) -> RenderedExport:
@@ -144,10 +158,14 @@ def typed_tables_off() -> AbstractContextManager[None]:
 
 
 def sync_and_evaluate(
-    services: Services, cloud: CloudState, downloads: MemoryExports, export: RenderedExport
+    services: Services,
+    cloud: CloudState,
+    downloads: MemoryExports,
+    export: RenderedExport,
+    wal: list[int] | None = None,
 ) -> tuple[float, float]:
     """A finished job whose download is ``export`` synced then evaluated: (sync seconds,
-    evaluation seconds)."""
+    evaluation seconds); the bytes of WAL the evaluation wrote are appended to ``wal``."""
     sitemap = next(sid for sid, s in cloud.sitemaps.items() if s.name == "products")
     job_id = cloud.create_job(sitemap)
     cloud.set_generated(job_id, export.records)  # the job's counters; the body is the export
@@ -159,11 +177,15 @@ def sync_and_evaluate(
     started = time.perf_counter()
     outcome = tasks.run_sync(services, wish.task_key).outcome
     synced = time.perf_counter()
+    position = wal_position(services) if wal is not None else 0
+    evaluated = time.perf_counter()
     evaluation = runs.evaluate_run(services, f"products-job-{job_id}")
     done = time.perf_counter()
+    if wal is not None:
+        wal.append(wal_position(services) - position)
     if outcome != "committed" or evaluation.outcome != "published":
         raise SystemExit(f"job {job_id}: sync {outcome}, evaluation {evaluation.outcome}")
-    return synced - started, done - synced
+    return synced - started, done - evaluated
 
 
 def resync_same_job(services: Services, cloud: CloudState) -> tuple[float, float]:
@@ -206,9 +228,12 @@ def publication_timed(spent: list[float]) -> AbstractContextManager[None]:
 Times = tuple[float, float, float]  # sync, evaluation, and the typed tables' part of it
 
 
-def one_round(url: str, export: RenderedExport, *, typed: bool) -> dict[str, Times]:
+def one_round(
+    url: str, export: RenderedExport, *, typed: bool, wal: list[int] | None = None
+) -> dict[str, Times]:
     """phase -> (sync seconds, evaluation seconds, seconds of it inside the publication to the
-    typed tables), from a fresh schema, with the typed tables on or off."""
+    typed tables), from a fresh schema, with the typed tables on or off; the WAL bytes the first
+    evaluation wrote are appended to ``wal``."""
     reset(url)
     cloud = CloudState(api_token=API_TOKEN)
     cloud.add_sitemap("products", start_urls=["https://alpha.example/"])
@@ -223,7 +248,7 @@ def one_round(url: str, export: RenderedExport, *, typed: bool) -> dict[str, Tim
 
     try:
         with publication_timed(spent) if typed else typed_tables_off():
-            phase(sync_and_evaluate(services, cloud, downloads, export))
+            phase(sync_and_evaluate(services, cloud, downloads, export, wal))
             phase(sync_and_evaluate(services, cloud, downloads, export))
             phase(resync_same_job(services, cloud))
     finally:
@@ -234,19 +259,21 @@ def one_round(url: str, export: RenderedExport, *, typed: bool) -> dict[str, Tim
 
 def bench_publication(
     url: str, export: RenderedExport, warm_up: RenderedExport, runs: int
-) -> dict[tuple[str, str], list[Times]]:
-    """(phase, arm) -> each round's :data:`Times`. The arms alternate, and
-    which goes first alternates from round to round, so a machine getting busier or quieter
-    weighs on both alike."""
+) -> tuple[dict[tuple[str, str], list[Times]], dict[str, list[int]]]:
+    """(phase, arm) -> each round's :data:`Times`, and arm -> each round's WAL bytes written by
+    the first evaluation. The arms alternate, and which goes first alternates from round to
+    round, so a machine getting busier or quieter weighs on both alike."""
     one_round(url, warm_up, typed=True)  # warm-up: imports, connections, plans
     measured: dict[tuple[str, str], list[Times]] = {}
+    wal: dict[str, list[int]] = {OFF: [], ON: []}
     for r in range(runs):
         arms = (False, True) if r % 2 == 0 else (True, False)
         for typed in arms:
-            for phase, times in one_round(url, export, typed=typed).items():
-                measured.setdefault((phase, ON if typed else OFF), []).append(times)
+            arm = ON if typed else OFF
+            for phase, times in one_round(url, export, typed=typed, wal=wal[arm]).items():
+                measured.setdefault((phase, arm), []).append(times)
         print(f"round {r + 1} of {runs} done", file=sys.stderr, flush=True)
-    return measured
+    return measured, wal
 
 
 def bench_filter(url: str, n: int) -> list[tuple[str, float]]:
@@ -261,7 +288,7 @@ def bench_filter(url: str, n: int) -> list[tuple[str, float]]:
                 "price numeric, url text, retailer text)"
             )
         )
-        conn.execute(text("TRUNCATE datasets.products, datasets.products_history"))
+        conn.execute(text("TRUNCATE datasets.products, datasets.products_closed"))
         records = generate_records(n)
         raw = conn.connection.driver_connection
         assert raw is not None
@@ -277,9 +304,9 @@ def bench_filter(url: str, n: int) -> list[tuple[str, float]]:
             text(
                 "INSERT INTO datasets.products (entity_key, sku, title, price, url, retailer, "
                 "partition, run_id, collection_window, first_seen_at, last_changed_at, "
-                "payload_hash) SELECT sku, sku, title, price, url, retailer, retailer, "
-                "'products-job-1', 'job-1', now(), now(), md5(sku) || md5(sku) "
-                "FROM plain_products"
+                "payload_hash, changed_by_run_id) SELECT sku, sku, title, price, url, retailer, "
+                "retailer, 'products-job-1', 'job-1', now(), now(), md5(sku) || md5(sku), "
+                "'products-job-1' FROM plain_products"
             )
         )
         conn.execute(text("ANALYZE plain_products"))
@@ -323,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     make = small_export if args.small else render
     export, warm_up = make(args.records), make(2_000)
-    measured = bench_publication(args.database_url, export, warm_up, args.runs)
+    measured, wal = bench_publication(args.database_url, export, warm_up, args.runs)
 
     def median(phase: str, arm: str, part: int | None = None) -> float:
         rounds = measured[(phase, arm)]
@@ -362,6 +389,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"first sync: publishing to the typed tables itself took {inside:.2f} s "
         f"({100 * inside / first_off:.0f}% of the first sync without them)"
+    )
+    megabytes = {arm: statistics.median(wal[arm]) / 1e6 for arm in (OFF, ON)}
+    print(
+        f"first sync: its evaluation wrote {megabytes[OFF]:.0f} MB of WAL without the typed "
+        f"tables, {megabytes[ON]:.0f} MB with them"
     )
     print(f"next run, same records: typed tables add {repeat_added:.2f} s to its evaluation")
     print(

@@ -43,6 +43,7 @@ RESERVED_COLUMNS = frozenset(
         "valid_from",
         "valid_to",
         "closed_by_run_id",
+        "changed_by_run_id",
     }
 )
 MAX_NAME = 63  # PostgreSQL's identifier limit

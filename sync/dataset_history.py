@@ -2,8 +2,11 @@
 across published runs, from ``valid_from`` to ``valid_to`` (collection-window starts; NULL while
 the stretch is current).
 
-The rule every publication keeps: the rows of the dataset's table are exactly the open stretches
-of its history, with the same typed values. A publication of run R (window start W) brings the
+The history is kept in two places (:mod:`sync.dataset_tables`): an entity's open stretch is its
+row in the dataset's table (values, ``last_changed_at`` as its start, ``changed_by_run_id`` as
+the run that opened it), and only the closed stretches are rows of ``X_closed``. So the rows of
+the dataset's table are the open stretches of its history by construction, and a stretch is
+written to the history once, when it closes. A publication of run R (window start W) brings the
 history of each entity whose row it added, changed or removed in line with that row:
 
 - a stretch R itself opened before (the run is published again) or that a run being withdrawn
@@ -14,7 +17,8 @@ history of each entity whose row it added, changed or removed in line with that 
   stretch closed at W and a new one opened from W (or, if the open one began at W or later,
   corrected in place); one with no open stretch gets one from W.
 
-Stretches of entities the publication did not touch are left as they are.
+Stretches of entities the publication did not touch are left as they are. The stretches left
+open are returned to the caller, which writes them as the entities' rows.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import bindparam, exists, insert, literal, select, update
+from sqlalchemy import bindparam, delete, exists, or_, select
 from sqlalchemy.orm import Session
 
 from sync.casts import to_json
-from sync.dataset_rows import chunks, delete_keys, insert_rows
+from sync.dataset_rows import chunks, insert_rows
 from sync.dataset_tables import DatasetTables
 from sync.models import Run
 
@@ -56,16 +60,17 @@ class Row:
 
 @dataclass(frozen=True)
 class Dates:
-    """When an entity was first published (its earliest stretch's start) and when its values
-    last changed (its open stretch's start)."""
+    """When an entity was first published (its earliest stretch's start), when its values
+    last changed (its open stretch's start) and the run that changed them (that opened it)."""
 
     first_seen_at: datetime
     last_changed_at: datetime
+    changed_by_run_id: str
 
 
 @dataclass
 class _Stretch:
-    id: int
+    was_open: bool  # read from the dataset's table, not from the closed stretches
     values: dict[str, Any]
     partition: str | None
     run_id: str
@@ -79,31 +84,16 @@ class _Stretch:
 
 @dataclass
 class _Plan:
-    deletes: list[int] = field(default_factory=list)
-    updates: list[_Stretch] = field(default_factory=list)
-    inserts: list[dict[str, Any]] = field(default_factory=list)
+    # closed stretches to delete (reopened, undone, or to be written again), by their key
+    deletes: list[tuple[str, datetime]] = field(default_factory=list)
+    # stretches to write as closed (newly closed, or closed ones that changed)
+    closes: list[tuple[str, _Stretch]] = field(default_factory=list)
 
 
 def is_empty(session: Session, tables: DatasetTables) -> bool:
     """Whether the dataset's history has no stretch at all (nothing was ever published)."""
-    return not session.execute(select(exists().select_from(tables.history))).scalar_one()
-
-
-def open_all(session: Session, tables: DatasetTables, *, run_id: str, start: datetime) -> None:
-    """Open a stretch from ``start`` for every row of the dataset's table, in one statement (a
-    first publication: the history was empty)."""
-    names = ["entity_key", *(c.name for c in tables.columns), "partition", "payload_hash"]
-    x = tables.current.c
-    session.execute(
-        insert(tables.history).from_select(
-            [*names, "run_id", "valid_from"],
-            select(
-                *(x[n] for n in names),
-                literal(run_id, type_=tables.history.c.run_id.type),
-                literal(start, type_=tables.history.c.valid_from.type),
-            ).order_by(x.entity_key),  # its indexes lead with the key: each entry goes last
-        )
-    )
+    held = or_(exists().select_from(tables.closed), exists().select_from(tables.current))
+    return not session.execute(select(held)).scalar_one()
 
 
 def same_values(a: Mapping[str, Any], b: Mapping[str, Any], columns: Collection[str]) -> bool:
@@ -131,20 +121,25 @@ def record(
     for key, row in rows.items():
         mine = stretches.get(key, [])
         current = _undo(mine, undo)
-        opened = _reconcile(key, current, row, run_id, start, names, plan)
+        opened = _reconcile(current, row, start, run_id, names)
         if row is None:
             continue
         alive = [s.valid_from for s in mine if not s.deleted]
         if opened is not None:
             alive.append(opened)
-        last = opened if opened is not None else current.valid_from if current else start
-        dates[key] = Dates(first_seen_at=min(alive, default=start), last_changed_at=last)
-    for found in stretches.values():
+        if opened is not None or current is None:
+            last, by = start, run_id
+        else:
+            last, by = current.valid_from, current.run_id
+        dates[key] = Dates(
+            first_seen_at=min(alive, default=start), last_changed_at=last, changed_by_run_id=by
+        )
+    for key, found in stretches.items():
         for s in found:
-            if s.deleted:
-                plan.deletes.append(s.id)
-            elif s.dirty:
-                plan.updates.append(s)
+            if not s.was_open and (s.deleted or s.dirty):
+                plan.deletes.append((key, s.valid_from))
+            if not s.deleted and s.valid_to is not None and (s.dirty or s.was_open):
+                plan.closes.append((key, s))
     _write(session, tables, plan, names)
     return dates
 
@@ -152,19 +147,42 @@ def record(
 def _read(
     session: Session, tables: DatasetTables, keys: Sequence[str], names: Sequence[str]
 ) -> dict[str, list[_Stretch]]:
-    h = tables.history.c
+    """Each entity's stretches: the closed ones, and its row of the dataset's table as the
+    open one."""
+    c, x = tables.closed.c, tables.current.c
     found: dict[str, list[_Stretch]] = {}
     for part in chunks(keys):
-        for r in session.execute(select(tables.history).where(h.entity_key.in_(part))).mappings():
+        for r in session.execute(select(tables.closed).where(c.entity_key.in_(part))).mappings():
             found.setdefault(r["entity_key"], []).append(
                 _Stretch(
-                    id=r["id"],
+                    was_open=False,
                     values={n: r[n] for n in names},
                     partition=r["partition"],
                     run_id=r["run_id"],
                     valid_from=r["valid_from"],
                     valid_to=r["valid_to"],
                     closed_by=r["closed_by_run_id"],
+                    payload_hash=r["payload_hash"],
+                )
+            )
+        query = select(
+            x.entity_key,
+            *(x[n] for n in names),
+            x.partition,
+            x.changed_by_run_id,
+            x.last_changed_at,
+            x.payload_hash,
+        ).where(x.entity_key.in_(part))
+        for r in session.execute(query).mappings():
+            found.setdefault(r["entity_key"], []).append(
+                _Stretch(
+                    was_open=True,
+                    values={n: r[n] for n in names},
+                    partition=r["partition"],
+                    run_id=r["changed_by_run_id"],
+                    valid_from=r["last_changed_at"],
+                    valid_to=None,
+                    closed_by=None,
                     payload_hash=r["payload_hash"],
                 )
             )
@@ -192,16 +210,15 @@ def _undo(mine: list[_Stretch], undo: Collection[str]) -> _Stretch | None:
 
 
 def _reconcile(
-    key: str,
     current: _Stretch | None,
     row: Row | None,
-    run_id: str,
     start: datetime,
+    run_id: str,
     names: Sequence[str],
-    plan: _Plan,
 ) -> datetime | None:
-    """Plan the change that makes ``key``'s open stretch hold ``row``; the start of the stretch
-    it opens, if it opens one."""
+    """Change the entity's open stretch ``current`` so that it holds ``row``: closed, deleted,
+    corrected in place or kept; the start of the stretch to open from ``row``, if one is to
+    open (the caller writes it as the entity's row)."""
     if row is None:
         if current is not None:
             if current.valid_from >= start:
@@ -218,57 +235,35 @@ def _reconcile(
         return None
     if current is not None:
         current.valid_to, current.closed_by, current.dirty = start, run_id, True
-    plan.inserts.append(
-        {
-            "entity_key": key,
-            **{n: row.values.get(n) for n in names},
-            "partition": row.partition,
-            "run_id": run_id,
-            "valid_from": start,
-            "valid_to": None,
-            "closed_by_run_id": None,
-            "payload_hash": row.payload_hash,
-        }
-    )
     return start
 
 
 def _write(session: Session, tables: DatasetTables, plan: _Plan, names: Sequence[str]) -> None:
-    """Deletes, then stretches that end, then those that are open (so no entity ever has two
-    open stretches between statements), then new stretches."""
-    h = tables.history
-    delete_keys(session, h, "id", sorted(plan.deletes))
-    statement = (
-        update(h)
-        .where(h.c.id == bindparam("_id"))
-        .values(
-            {
-                **{n: bindparam(f"_v_{n}", type_=h.c[n].type) for n in names},
-                "partition": bindparam("_partition"),
-                "run_id": bindparam("_run_id"),
-                "valid_to": bindparam("_valid_to", type_=h.c.valid_to.type),
-                "closed_by_run_id": bindparam("_closed_by"),
-                "payload_hash": bindparam("_payload_hash"),
-            }
+    """Closed stretches that were reopened, undone or changed are deleted, then the stretches
+    that are closed now are written (a changed one again, under its unchanged start)."""
+    c = tables.closed
+    if plan.deletes:
+        session.execute(
+            delete(c).where(
+                c.c.entity_key == bindparam("_key"),
+                c.c.valid_from == bindparam("_from", type_=c.c.valid_from.type),
+            ),
+            [{"_key": key, "_from": valid_from} for key, valid_from in plan.deletes],
         )
+    insert_rows(
+        session,
+        c,
+        [
+            {
+                "entity_key": key,
+                **{n: s.values.get(n) for n in names},
+                "partition": s.partition,
+                "run_id": s.run_id,
+                "valid_from": s.valid_from,
+                "valid_to": s.valid_to,
+                "closed_by_run_id": s.closed_by,
+                "payload_hash": s.payload_hash,
+            }
+            for key, s in sorted(plan.closes, key=lambda k: (k[0], k[1].valid_from))
+        ],
     )
-    ending = [s for s in plan.updates if s.valid_to is not None]
-    opening = [s for s in plan.updates if s.valid_to is None]
-    for batch in (ending, opening):
-        if batch:
-            session.execute(
-                statement,
-                [
-                    {
-                        "_id": s.id,
-                        **{f"_v_{n}": s.values.get(n) for n in names},
-                        "_partition": s.partition,
-                        "_run_id": s.run_id,
-                        "_valid_to": s.valid_to,
-                        "_closed_by": s.closed_by,
-                        "_payload_hash": s.payload_hash,
-                    }
-                    for s in batch
-                ],
-            )
-    insert_rows(session, h, plan.inserts)

@@ -2,9 +2,14 @@
 changed at each publication.
 
 On PostgreSQL they live in a schema of their own (``SCRAPESYNC_DATA_SCHEMA``, default
-``datasets``): ``datasets.products``, ``datasets.products_history``, ``datasets.products_changes``.
-On SQLite, which has no schemas, the same tables are named ``datasets_products``,
-``datasets_products_history`` and ``datasets_products_changes``. Every name is made here, once.
+``datasets``): ``datasets.products``, ``datasets.products_history``, ``datasets.products_changes``
+and ``datasets.products_closed``. On SQLite, which has no schemas, the same objects are named
+``datasets_products``, ``datasets_products_history`` and so on. Every name is made here, once.
+
+The history is a view: the closed stretches, kept in ``X_closed``, and the open ones, which are
+the rows of ``X`` itself (each row knows the run that opened its stretch, ``changed_by_run_id``,
+and when, ``last_changed_at``). A stretch is written once, when it closes; while it is open the
+table's row is all there is of it, so a publication never writes an entity's values twice.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    text,
+    null,
+    select,
+    union_all,
 )
 from sqlalchemy import Column as SQLColumn
 from sqlalchemy.engine import Dialect
@@ -36,6 +43,7 @@ from sync.models import Payload
 SQLITE_PREFIX = "datasets_"
 HISTORY_SUFFIX = "_history"
 CHANGES_SUFFIX = "_changes"
+CLOSED_SUFFIX = "_closed"
 
 
 class Timestamp(TypeDecorator[datetime]):
@@ -86,18 +94,20 @@ def comment_for(column: Column) -> str:
 
 @dataclass(frozen=True)
 class DatasetTables:
-    """One dataset's three tables, built for its columns on one kind of database."""
+    """One dataset's tables and its history view, built for its columns on one kind of
+    database."""
 
     dataset: str
     columns: tuple[Column, ...]
     schema: str | None
     current: Table
-    history: Table
+    closed: Table
     changes: Table
+    history: Table  # the view: read it, never write it
 
     @property
     def metadata(self) -> MetaData:
-        """The metadata the three tables belong to (and nothing else does)."""
+        """The metadata the three tables belong to (and nothing else does; not the view)."""
         return self.current.metadata
 
     def qualified(self, table: Table) -> str:
@@ -139,31 +149,34 @@ def tables_for(
         SQLColumn("last_changed_at", Timestamp, nullable=False),
         SQLColumn("cast_failures", Payload, comment="values that failed their cast"),
         SQLColumn("payload_hash", String(64), nullable=False),
+        SQLColumn(
+            "changed_by_run_id",
+            String(200),
+            nullable=False,
+            comment="the run that gave the row its values (at last_changed_at)",
+        ),
         # no index on run_id: nearly every row holds the published run's, no query looks rows
         # up by it, and each publication would rewrite an entry for every row it moves
         comment=f"the published run of dataset {dataset!r}, one row per entity",
     )
-    history = Table(
-        f"{name}{HISTORY_SUFFIX}",
+    closed = Table(
+        f"{name}{CLOSED_SUFFIX}",
         metadata,
-        SQLColumn("id", identity, primary_key=True, autoincrement=True),
-        SQLColumn("entity_key", Text, nullable=False),
+        # an entity's stretches never overlap and are never empty: one starts at each moment
+        SQLColumn("entity_key", Text, primary_key=True),
         *typed(),
         SQLColumn("partition", Text),
         SQLColumn("run_id", String(200), nullable=False, comment="the run that opened it"),
-        SQLColumn("valid_from", Timestamp, nullable=False, comment="start of its first window"),
-        SQLColumn("valid_to", Timestamp, comment="start of the window it ended (NULL: current)"),
+        SQLColumn(
+            "valid_from",
+            Timestamp,
+            primary_key=True,
+            comment="start of its first window",
+        ),
+        SQLColumn("valid_to", Timestamp, nullable=False, comment="start of the window it ended"),
         SQLColumn("closed_by_run_id", String(200), comment="the run that ended it"),
         SQLColumn("payload_hash", String(64), nullable=False),
-        Index(f"ix_{name}_history_entity", "entity_key", "valid_from"),
-        Index(
-            f"uq_{name}_history_open",
-            "entity_key",
-            unique=True,
-            postgresql_where=text("valid_to IS NULL"),
-            sqlite_where=text("valid_to IS NULL"),
-        ),
-        comment=f"dataset {dataset!r}: one row per entity per stretch of unchanged values",
+        comment=f"dataset {dataset!r}: the closed stretches of its history",
     )
     changes = Table(
         f"{name}{CHANGES_SUFFIX}",
@@ -181,11 +194,60 @@ def tables_for(
         Index(f"ix_{name}_changes_run", "run_id", "revision"),
         comment=f"dataset {dataset!r}: what each publication added, removed and changed",
     )
+    history = Table(
+        f"{name}{HISTORY_SUFFIX}",
+        MetaData(schema=in_schema),  # a view: never created with the tables
+        SQLColumn("entity_key", Text),
+        *typed(),
+        SQLColumn("partition", Text),
+        SQLColumn("run_id", String(200), comment="the run that opened it"),
+        SQLColumn("valid_from", Timestamp, comment="start of its first window"),
+        SQLColumn("valid_to", Timestamp, comment="start of the window it ended (NULL: current)"),
+        SQLColumn("closed_by_run_id", String(200), comment="the run that ended it"),
+        SQLColumn("payload_hash", String(64)),
+        comment=f"dataset {dataset!r}: one row per entity per stretch of unchanged values",
+    )
     return DatasetTables(
         dataset=dataset,
         columns=columns,
         schema=in_schema,
         current=current,
-        history=history,
+        closed=closed,
         changes=changes,
+        history=history,
     )
+
+
+def history_query(tables: DatasetTables) -> Any:
+    """What the history view selects: the closed stretches, then one open stretch per row of
+    the dataset's table (from its last change, by the run that made it)."""
+    names = [c.name for c in tables.columns]
+    shared = ["entity_key", *names, "partition"]
+    c, x = tables.closed.c, tables.current.c
+    return union_all(
+        select(
+            *(c[n] for n in shared),
+            c.run_id,
+            c.valid_from,
+            c.valid_to,
+            c.closed_by_run_id,
+            c.payload_hash,
+        ),
+        select(
+            *(x[n] for n in shared),
+            x.changed_by_run_id.label("run_id"),
+            x.last_changed_at.label("valid_from"),
+            null().cast(Timestamp).label("valid_to"),
+            null().cast(String(200)).label("closed_by_run_id"),
+            x.payload_hash,
+        ),
+    )
+
+
+def history_view_sql(tables: DatasetTables, dialect: Dialect) -> str:
+    """``CREATE VIEW`` of the dataset's history."""
+    quote = dialect.identifier_preparer.quote
+    view = tables.history
+    name = f"{quote(view.schema)}.{quote(view.name)}" if view.schema else quote(view.name)
+    body = history_query(tables).compile(dialect=dialect, compile_kwargs={"literal_binds": True})
+    return f"CREATE VIEW {name} AS {body}"

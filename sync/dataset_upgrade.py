@@ -10,7 +10,11 @@ file's columns (with no ``columns`` table, every registered column as ``text``):
 - a removed column is dropped;
 - a column whose field, type or decimal mark changed is rebuilt: a new column is added and
   filled the same way, then swapped in for the old one;
-- every column's comment (``COMMENT ON``, PostgreSQL) names its field and type.
+- every column's comment (``COMMENT ON``, PostgreSQL) names its field and type;
+- the history view is made again over the tables' new columns.
+
+Tables of earlier releases, whose history was a table that held the open stretches too, are
+converted first, in one transaction (:func:`sync.dataset_schema.convert_open_stretches`).
 
 Each step commits on its own and the filling goes in batches, so the web process's readers wait
 only for the short ``ALTER TABLE`` statements, never for the filling.
@@ -23,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
-from sqlalchemy import Table, Text, bindparam, cast, select, text, update
+from sqlalchemy import Table, Text, bindparam, cast, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
 from config.columns import Column
@@ -101,6 +105,10 @@ def upgrade_dataset(uow: UnitOfWork, dataset: Dataset, schema: str) -> Reconcile
         _drop_retired_indexes(session, tables)
         kept = [c for c in registered if c.name in want]
         dataset_schema.register(session, dataset.name, kept + added)
+        if added or staged or dropped:
+            dialect = dataset_schema.dialect_of(session)
+            now_held = tables_for(dataset.name, (*kept, *added), dialect=dialect, schema=schema)
+            dataset_schema.remake_history_view(session, now_held)
         session.commit()
     filled = 0
     if added or staged:
@@ -108,12 +116,16 @@ def upgrade_dataset(uow: UnitOfWork, dataset: Dataset, schema: str) -> Reconcile
     with uow.begin() as session:
         dataset_schema.lock_dataset(session, dataset.name)
         tables = dataset_schema.tables_in(session, dataset.name, schema)
+        if rebuilt:
+            dataset_schema.drop_history_view(session, tables)
         for column in rebuilt:
             _swap(session, tables, column.name)
         dataset_schema.register(session, dataset.name, target)
         tables = tables_for(
             dataset.name, target, dialect=dataset_schema.dialect_of(session), schema=schema
         )
+        if rebuilt:
+            dataset_schema.make_history_view(session, tables)
         _comment(session, tables)
         session.commit()
     return Reconciled(
@@ -137,7 +149,9 @@ def _alter(
     quote = dialect.identifier_preparer.quote
     if dialect.name == "postgresql":
         session.execute(text(f"SET LOCAL lock_timeout = '{dataset_schema.LOCK_TIMEOUT}'"))
-    for table in (tables.current, tables.history):
+    if add or drop:  # the view names the columns it was made with: made again after
+        dataset_schema.drop_history_view(session, tables)
+    for table in (tables.current, tables.closed):
         target = _target(session, table)
         for name in drop:
             session.execute(text(f"ALTER TABLE {target} DROP COLUMN {quote(name)}"))
@@ -157,7 +171,7 @@ def _drop_retired_indexes(session: Session, tables: DatasetTables) -> None:
 
 def _swap(session: Session, tables: DatasetTables, name: str) -> None:
     quote = session.get_bind().dialect.identifier_preparer.quote
-    for table in (tables.current, tables.history):
+    for table in (tables.current, tables.closed):
         target = _target(session, table)
         session.execute(text(f"ALTER TABLE {target} DROP COLUMN {quote(name)}"))
         session.execute(
@@ -171,7 +185,7 @@ def _comment(session: Session, tables: DatasetTables) -> None:
     if dataset_schema.dialect_of(session) != "postgresql":
         return
     quote = session.get_bind().dialect.identifier_preparer.quote
-    for table in (tables.current, tables.history):
+    for table in (tables.current, tables.closed, tables.history):
         target = _target(session, table)
         for column in tables.columns:
             comment = comment_for(column).replace("'", "''")
@@ -179,8 +193,8 @@ def _comment(session: Session, tables: DatasetTables) -> None:
 
 
 def _fill(uow: UnitOfWork, dataset: Dataset, schema: str, columns: Sequence[Column]) -> int:
-    """Cast ``columns`` from the kept payloads into the rows of the table and its history, a
-    batch per transaction; how many rows got a payload."""
+    """Cast ``columns`` from the kept payloads into the rows of the table (its open stretches)
+    and its closed stretches, a batch per transaction; how many rows got a payload."""
     with uow.begin() as session:
         windows = dict(
             session.execute(
@@ -190,18 +204,23 @@ def _fill(uow: UnitOfWork, dataset: Dataset, schema: str, columns: Sequence[Colu
     dialect = uow.dialect
     staged = tables_for(dataset.name, tuple(columns), dialect=dialect, schema=schema)
     filled = 0
-    for table, key in ((staged.current, "entity_key"), (staged.history, "id")):
-        last: Any = None
+    keyed = ((staged.current, ("entity_key",)), (staged.closed, ("entity_key", "valid_from")))
+    for table, key in keyed:
+        by = [table.c[k] for k in key]
+        last: tuple[Any, ...] | None = None
         while True:
             with uow.begin() as session:
                 query = (
-                    select(table.c[key], table.c.entity_key, table.c.run_id)
-                    .order_by(table.c[key])
+                    select(*by, table.c.entity_key.label("_entity"), table.c.run_id)
+                    .order_by(*by)
                     .limit(BATCH)
                 )
                 if last is not None:
-                    query = query.where(table.c[key] > last)
-                rows = session.execute(query).all()
+                    after = (
+                        bindparam(None, v, type_=c.type) for c, v in zip(by, last, strict=True)
+                    )
+                    query = query.where(tuple_(*by) > tuple_(*after))
+                rows = [(tuple(r[: len(by)]), r[-2], r[-1]) for r in session.execute(query)]
                 if not rows:
                     break
                 last = rows[-1][0]
@@ -211,12 +230,15 @@ def _fill(uow: UnitOfWork, dataset: Dataset, schema: str, columns: Sequence[Colu
                     if row[0] in payloads:
                         cast_values = casts.cast_record(tuple(columns), payloads[row[0]])[0]
                         values.append(
-                            {"_key": row[0], **{f"_v_{n}": v for n, v in cast_values.items()}}
+                            {
+                                **{f"_k_{k}": v for k, v in zip(key, row[0], strict=True)},
+                                **{f"_v_{n}": v for n, v in cast_values.items()},
+                            }
                         )
                 if values:
                     session.execute(
                         update(table)
-                        .where(table.c[key] == bindparam("_key"))
+                        .where(*(c == bindparam(f"_k_{c.name}", type_=c.type) for c in by))
                         .values({c.name: bindparam(f"_v_{c.name}") for c in columns}),
                         values,
                     )

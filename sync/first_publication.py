@@ -102,18 +102,18 @@ def copy_plain_rows(
     names = ", ".join(quote(c.name) for c in tables.columns)
     statement = (
         f"INSERT INTO {target} (entity_key, {names}, partition, run_id, collection_window, "  # noqa: S608 - names are quoted identifiers
-        "first_seen_at, last_changed_at, cast_failures, payload_hash) "
+        "first_seen_at, last_changed_at, cast_failures, payload_hash, changed_by_run_id) "
         f"SELECT o.entity_key, {', '.join(values)}, o.partition, CAST(:run_id AS text), "
         "CAST(:window AS text), CAST(:start AS timestamptz), "
-        f"CAST(:start AS timestamptz), NULL, o.payload_hash FROM {Observation.__tablename__} o "
+        "CAST(:start AS timestamptz), NULL, o.payload_hash, CAST(:run_id AS text) "
+        f"FROM {Observation.__tablename__} o "
         # each value's type and text are taken from the payload once (OFFSET 0 keeps the
         # planner from inlining them into every condition that reads them)
         f"CROSS JOIN LATERAL (SELECT {', '.join(extracted)} OFFSET 0) AS e "
         "WHERE o.run_id = :run_id AND o.validation_state = :valid"
         + "".join(f" AND {c}" for c in conditions)
-        # in key order, so the table's primary key (and the history copied from the table
-        # after) grows at its right edge instead of splitting pages all over it: an export
-        # comes in crawl order
+        # in key order, so the table's primary key grows at its right edge instead of
+        # splitting pages all over it: an export comes in crawl order
         + " ORDER BY o.entity_key"
     )
     result = cast(CursorResult[Any], session.execute(text(statement), params))

@@ -76,7 +76,9 @@ def apply_publication(
     """Bring the dataset's table to ``run``'s published view, with its history and change feed;
     ``replacing`` is a published run being withdrawn in its favour."""
     tables = dataset_schema.tables_in(session, dataset.name, schema)
-    copied = _copy_plain_first(session, dataset, tables, run)
+    # the history held nothing before this publication (a first copy fills the table below)
+    fresh = dataset_history.is_empty(session, tables)
+    copied = _copy_plain_first(session, dataset, tables, run) if fresh else 0
     # a first publication that copied every row leaves nothing for Python to cast or compare
     complete = copied > 0 and copied == _valid_count(session, run.run_id)
     seen = [] if complete else _new_and_changed(session, tables, run.run_id)
@@ -116,12 +118,11 @@ def apply_publication(
     if copied:  # a baseline, counted only: the rows the database copied are added too
         changes = replace(changes, totals={**changes.counts(), ADDED: len(after) + copied})
     start = dataset_history.window_start(run)
-    fresh = dataset_history.is_empty(session, tables)
     was_empty = copied > 0 or (not before and not _has_rows(session, tables))
     # a run published again corrects what it wrote before; a fallback undoes the withdrawn run
     undo = {replacing} if replacing else {run.run_id}
-    if fresh:  # nothing to reconcile: the stretches are copied from the table once it is written
-        dates = {key: dataset_history.Dates(start, start) for key in after}
+    if fresh:  # nothing to reconcile: each row opens its entity's first stretch
+        dates = {key: dataset_history.Dates(start, start, run.run_id) for key in after}
     else:
         dates = dataset_history.record(
             session, tables, rows, run_id=run.run_id, start=start, undo=undo
@@ -140,14 +141,13 @@ def apply_publication(
                 "collection_window": run.collection_window,
                 "first_seen_at": dates[s.entity_key].first_seen_at,
                 "last_changed_at": dates[s.entity_key].last_changed_at,
+                "changed_by_run_id": dates[s.entity_key].changed_by_run_id,
                 "cast_failures": failures[s.entity_key],
                 "payload_hash": s.payload_hash,
             }
             for s in seen
         ],
     )
-    if fresh:
-        dataset_history.open_all(session, tables, run_id=run.run_id, start=start)
     if not was_empty:  # rows written before this publication may have been observed unchanged
         _take_unchanged(session, tables, run)
     events = change_feed.announce(session, tables, dataset, changes, revision=run.revision, now=now)
@@ -182,14 +182,13 @@ def apply_withdrawal(
 
 
 def _copy_plain_first(session: Session, dataset: Dataset, tables: DatasetTables, run: Run) -> int:
-    """On PostgreSQL, a dataset's first publication into empty tables has the database cast and
-    copy the rows whose values are all plain (:mod:`sync.first_publication`); returns how many."""
+    """On PostgreSQL, a dataset's first publication into empty tables (the caller checked them)
+    has the database cast and copy the rows whose values are all plain
+    (:mod:`sync.first_publication`); returns how many."""
     if (
         not dataset.columns
         or dataset_schema.dialect_of(session) != "postgresql"
         or _published_before(session, dataset.name)
-        or _has_rows(session, tables)
-        or not dataset_history.is_empty(session, tables)
     ):
         return 0
     return first_publication.copy_plain_rows(

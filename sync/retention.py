@@ -13,7 +13,7 @@ Some older runs keep theirs whatever their age, because a reader or a later step
 - a run not yet judged (collecting or candidate: its evaluation reads them).
 
 The runs, their verdicts and profiles (the history acceptance judges later runs against) and
-the dataset's ``_history`` and ``_changes`` tables are never touched.
+the dataset's ``_history`` (its ``_closed`` stretches) and ``_changes`` are never touched.
 
 Notifications older than ``SCRAPESYNC_NOTIFICATIONS_RETENTION_DAYS``, attempts older than
 ``SCRAPESYNC_ATTEMPTS_RETENTION_DAYS`` (except each task's latest, which says how it last went)

@@ -53,7 +53,7 @@ def history_rows(services: Services, dataset: str = "products") -> list[dict[str
     found = tables(services, dataset)
     h = found.history.c
     with services.uow.begin() as session:
-        query = select(found.history).order_by(h.entity_key, h.valid_from, h.id)
+        query = select(found.history).order_by(h.entity_key, h.valid_from)
         return [dict(r) for r in session.execute(query).mappings()]
 
 

@@ -16,7 +16,7 @@ from config.columns import Column
 from sync import outbox
 from sync.casts import to_json
 from sync.changes import ChangeSet
-from sync.dataset_tables import DatasetTables, tables_for
+from sync.dataset_tables import DatasetTables, history_view_sql, tables_for
 from sync.db import UnitOfWork
 from sync.models import DatasetColumn, Publication, Run
 from sync.states import RunState
@@ -169,8 +169,28 @@ class PublishedProducts:
                 }
                 stretches.append(stretch)
                 open_now[sku] = stretch
+        # the closed stretches are rows of X_closed, the open ones the rows of datasets.products
+        last = list(views)[-1]
+        closed = [s for s in stretches if s["valid_to"] is not None]
+        rows = [
+            {
+                **{n: s[n] for n in ("entity_key", "sku", "title", "price", "partition")},
+                "run_id": last,
+                "collection_window": last.removeprefix("products-"),
+                "first_seen_at": min(
+                    t["valid_from"] for t in stretches if t["entity_key"] == s["entity_key"]
+                ),
+                "last_changed_at": s["valid_from"],
+                "changed_by_run_id": s["run_id"],
+                "payload_hash": s["payload_hash"],
+            }
+            for s in stretches
+            if s["valid_to"] is None
+        ]
         with self.uow.begin() as session:
-            session.execute(insert(self.tables.history), stretches)
+            if closed:
+                session.execute(insert(self.tables.closed), closed)
+            session.execute(insert(self.tables.current), rows)
             session.commit()
 
 
@@ -183,6 +203,7 @@ def create_tables(engine: Engine, schema: str) -> DatasetTables:
         if engine.dialect.name == "postgresql":
             connection.execute(text(f'CREATE SCHEMA IF NOT EXISTS "{schema}"'))
         tables.metadata.create_all(connection)
+        connection.execute(text(history_view_sql(tables, engine.dialect)))
         connection.execute(
             insert(DatasetColumn),
             [
@@ -203,6 +224,8 @@ def create_tables(engine: Engine, schema: str) -> DatasetTables:
 def drop_tables(engine: Engine, schema: str) -> None:
     """The dataset as if it had never had tables: none, and no columns registered."""
     tables = tables_for("products", (), dialect=engine.dialect.name, schema=schema)
+    view = tables.qualified(tables.history)
     with engine.begin() as connection:
+        connection.execute(text(f"DROP VIEW IF EXISTS {view}"))
         tables.metadata.drop_all(connection)
         connection.execute(delete(DatasetColumn).where(DatasetColumn.dataset == "products"))

@@ -18,12 +18,15 @@ COLUMNS = (
 
 
 def test_postgresql_names_live_in_the_data_schema() -> None:
-    """datasets.products, datasets.products_history, datasets.products_changes."""
+    """datasets.products, datasets.products_history (the view), datasets.products_changes and
+    datasets.products_closed."""
     tables = tables_for("products", COLUMNS, dialect="postgresql", schema="datasets")
-    assert [tables.qualified(t) for t in (tables.current, tables.history, tables.changes)] == [
+    named = (tables.current, tables.history, tables.changes, tables.closed)
+    assert [tables.qualified(t) for t in named] == [
         "datasets.products",
         "datasets.products_history",
         "datasets.products_changes",
+        "datasets.products_closed",
     ]
     assert tables.current.c.price.comment == "from field 'price' as numeric"
 
@@ -36,7 +39,7 @@ def test_sqlite_names_carry_a_prefix_and_types_round_trip() -> None:
     tables.metadata.create_all(engine)
     assert set(inspect(engine).get_table_names()) == {
         "datasets_products",
-        "datasets_products_history",
+        "datasets_products_closed",
         "datasets_products_changes",
     }
     now = datetime(2026, 12, 3, 10, tzinfo=UTC)
@@ -52,6 +55,7 @@ def test_sqlite_names_carry_a_prefix_and_types_round_trip() -> None:
                 first_seen_at=now,
                 last_changed_at=now,
                 payload_hash="0" * 64,
+                changed_by_run_id="products-2026-12-03",
             )
         )
         row = connection.execute(select(tables.current)).one()

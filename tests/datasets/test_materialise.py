@@ -189,6 +189,84 @@ def test_a_run_published_again_corrects_its_own_stretches_in_place(services: Ser
     assert_rows_are_open_stretches(services)
 
 
+def ledger(services: Services) -> dict[str, list[tuple[object, ...]]]:
+    """The history as users read it: entity key -> its stretches (price, opening run, from,
+    to, closing run), oldest first."""
+    found: dict[str, list[tuple[object, ...]]] = {}
+    for h in history_rows(services):
+        found.setdefault(h["entity_key"], []).append(
+            (h["price"], h["run_id"], h["valid_from"], h["valid_to"], h["closed_by_run_id"])
+        )
+    return found
+
+
+def closed_count(services: Services) -> int:
+    """How many rows the closed stretches' table holds."""
+    with services.uow.begin() as session:
+        closed = tables(services).closed
+        return int(session.execute(select(func.count()).select_from(closed)).scalar_one())
+
+
+def test_history_reads_the_same_through_a_republish_a_quarantine_and_a_withdrawal(
+    services: Services,
+) -> None:
+    """Each stretch, with the runs that opened and closed it, is what the history says after
+    every step; a first publication writes no stretch of its own (the rows are the open ones)
+    and only closed stretches are ever written to ``X_closed``."""
+    dataset = products(services)
+    d0, d1, d2 = (DAY + timedelta(days=n) for n in range(3))
+    r2 = {"S00005": {"sku": "S00005", "title": "T5", "price": "10.00", "retailer": "r2"}}
+    run0 = publish(services, dataset, 0, records(3), partitions={"r2": r2})
+    assert closed_count(services) == 0
+    ten = Decimal("10.00")
+    first = {k: [(ten, run0, d0, None, None)] for k in ("S00000", "S00001", "S00002", "S00005")}
+    assert ledger(services) == first
+
+    day1 = records(3)
+    day1["S00000"] = {**day1["S00000"], "price": "11.00"}
+    del day1["S00001"]
+    run1 = publish(services, dataset, 1, day1, partitions={"r2": r2})
+    assert ledger(services) == {
+        **first,
+        "S00000": [(ten, run0, d0, d1, run1), (Decimal("11.00"), run1, d1, None, None)],
+        "S00001": [(ten, run0, d0, d1, run1)],
+    }
+
+    again = records(3)  # day 1 published again: S00001 back, S00000 corrected
+    again["S00000"] = {**again["S00000"], "price": "12.00"}
+    publish(services, dataset, 1, again, partitions={"r2": r2})
+    republished = {
+        **first,
+        "S00000": [(ten, run0, d0, d1, run1), (Decimal("12.00"), run1, d1, None, None)],
+    }
+    assert ledger(services) == republished
+
+    day2 = dict(again)
+    day2["S00002"] = {**day2["S00002"], "price": "13.00"}
+    quarantined = {"S00005": {**r2["S00005"], "price": "99.00"}}
+    run2 = publish(
+        services, dataset, 2, day2, partitions={"r2": quarantined}, quarantined=frozenset({"r2"})
+    )
+    assert ledger(services) == {
+        **republished,
+        "S00002": [(ten, run0, d0, d2, run2), (Decimal("13.00"), run2, d2, None, None)],
+    }
+    assert current_rows(services)["S00005"]["run_id"] == run1  # its last accepted row
+
+    withdraw(services, dataset, run2)
+    assert ledger(services) == republished
+    closed = [h for h in history_rows(services) if h["valid_to"] is not None]
+    assert closed_count(services) == len(closed) == 1
+    rows = current_rows(services)
+    assert {k: (r["changed_by_run_id"], r["last_changed_at"]) for k, r in rows.items()} == {
+        "S00000": (run1, d1),
+        "S00001": (run0, d0),
+        "S00002": (run0, d0),
+        "S00005": (run0, d0),
+    }
+    assert_rows_are_open_stretches(services)
+
+
 def test_a_withdrawn_run_is_undone_in_history_and_the_table_falls_back(
     services: Services,
 ) -> None:
@@ -203,9 +281,7 @@ def test_a_withdrawn_run_is_undone_in_history_and_the_table_falls_back(
     withdraw(services, dataset, day1)
     assert current_rows(services).keys() == records(3).keys()
     assert {r["price"] for r in current_rows(services).values()} == {Decimal("10.00")}
-    assert [(h["id"], h["valid_to"]) for h in history_rows(services)] == [
-        (h["id"], None) for h in after_day0
-    ]
+    assert history_rows(services) == after_day0
     fallback = [c for c in change_rows(services) if c["run_id"] != day1]
     assert sorted((c["entity_key"], c["kind"]) for c in fallback) == [
         ("S00000", "changed"),

@@ -8,12 +8,27 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from flask import Flask
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import (
+    BigInteger,
+    Engine,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    func,
+    insert,
+    inspect,
+    select,
+    text,
+)
+from sqlalchemy import Column as SQLColumn
 
 from scrapesync.cli import main
 from simulator import CloudState
 from sync.bootstrap import Services
-from sync.dataset_tables import retired_indexes
+from sync.dataset_tables import DatasetTables, Timestamp, retired_indexes, sql_type
 from sync.dataset_upgrade import upgrade_dataset
 from tests.acceptance.flow import product_records, use_datasets
 from tests.datasets.flow import (
@@ -125,3 +140,77 @@ def test_db_upgrade_drops_the_run_id_index_of_earlier_releases(
     assert indexed_columns() == [["run_id"]]
     upgrade_dataset(typed.uow, dataset, schema)
     assert indexed_columns() == []
+
+
+def earlier_history_table(found: DatasetTables) -> Table:
+    """The history table of earlier releases: every stretch, open ones too, keyed by an id."""
+    return Table(
+        found.history.name,
+        MetaData(schema=found.schema),
+        SQLColumn("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True),
+        SQLColumn("entity_key", Text, nullable=False),
+        *(SQLColumn(c.name, sql_type(c)) for c in found.columns),
+        SQLColumn("partition", Text),
+        SQLColumn("run_id", String(200), nullable=False),
+        SQLColumn("valid_from", Timestamp, nullable=False),
+        SQLColumn("valid_to", Timestamp),
+        SQLColumn("closed_by_run_id", String(200)),
+        SQLColumn("payload_hash", String(64), nullable=False),
+        Index(f"ix_{found.current.name}_history_entity", "entity_key", "valid_from"),
+        Index(
+            f"uq_{found.current.name}_history_open",
+            "entity_key",
+            unique=True,
+            postgresql_where=text("valid_to IS NULL"),
+            sqlite_where=text("valid_to IS NULL"),
+        ),
+    )
+
+
+@pytest.mark.slow
+def test_db_upgrade_converts_a_history_table_that_held_the_open_stretches(
+    web: Flask, services: Services, cloud: CloudState, engine: Engine
+) -> None:
+    """Earlier releases wrote every open stretch twice, as a row of the table and as a row of
+    the history table: ``db upgrade`` gives each row the run that opened its stretch, moves the
+    closed stretches to ``X_closed`` and makes the history the view, which reads exactly as the
+    table did; publications go on from there."""
+    records = product_records(40)
+    collect(web, services, cloud, records)
+    changed = [dict(r, price="1.00") if r["sku"] == "SKU-000001" else r for r in records]
+    collect(web, services, cloud, [r for r in changed if r["sku"] != "SKU-000002"])
+    history, rows = history_rows(services), current_rows(services)
+    assert len([h for h in history if h["valid_to"] is not None]) == 2
+    found = tables(services)
+    old = earlier_history_table(found)
+    quote = engine.dialect.identifier_preparer.quote
+    with engine.begin() as conn:
+        conn.execute(text(f"DROP VIEW {found.qualified(found.history)}"))
+        old.create(conn)
+        conn.execute(insert(old), [{"id": n, **h} for n, h in enumerate(history, start=1)])
+        conn.execute(
+            text(
+                f"ALTER TABLE {found.qualified(found.current)} DROP COLUMN "
+                f"{quote('changed_by_run_id')}"
+            )
+        )
+        conn.execute(text(f"DROP TABLE {found.qualified(found.closed)}"))
+
+    upgrade_dataset(services.uow, services.datasets.get("products"), services.settings.data_schema)
+    assert history_rows(services) == history
+    assert current_rows(services) == rows
+    held = inspect(engine)
+    assert found.history.name in held.get_view_names(schema=found.schema)
+    assert found.history.name not in held.get_table_names(schema=found.schema)
+    with services.uow.begin() as session:
+        closed = session.execute(select(func.count()).select_from(found.closed)).scalar_one()
+    assert closed == 2
+
+    later = [dict(r, price="3.00") if r["sku"] == "SKU-000003" else r for r in changed]
+    collect(web, services, cloud, later)
+    after = history_rows(services)
+    assert [h for h in after if h["valid_to"] is not None] == [
+        h for h in history if h["valid_to"] is not None
+    ] + [h for h in after if h["entity_key"] == "SKU-000003" and h["valid_to"] is not None]
+    assert len(after) == len(history) + 2  # SKU-000002 back, SKU-000003 a new price
+    assert_rows_are_open_stretches(services)

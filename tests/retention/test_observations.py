@@ -40,12 +40,14 @@ def test_thirty_windows_of_ten_thousand_entities_come_down_to_the_last_seven(
             session.add(PartitionVerdict(run_id=run_id, partition="all", state="passed"))
         observe(session, "pruned", run_ids, ENTITIES)
         session.execute(
-            insert(pruned_tables.history),
+            insert(pruned_tables.closed),
             [
                 {
                     "entity_key": f"SKU-{n:05d}",
                     "run_id": run_ids[0],
                     "valid_from": datetime(2026, 11, 1, tzinfo=UTC),
+                    "valid_to": datetime(2026, 11, 2, tzinfo=UTC),
+                    "closed_by_run_id": run_ids[1],
                     "payload_hash": "h" * 64,
                 }
                 for n in range(100)
@@ -70,7 +72,7 @@ def test_thirty_windows_of_ten_thousand_entities_come_down_to_the_last_seven(
     assert left == {window(day): ENTITIES for day in range(23, 30)}
     assert _count(kept, Run.__table__) == 30
     assert _count(kept, PartitionVerdict.__table__) == 30
-    assert _count(kept, pruned_tables.history) == 100
+    assert _count(kept, pruned_tables.closed) == 100
 
 
 PROTECTIONS = ["published", "fallback", "undelivered_event", "in_current_table", "unjudged"]
@@ -114,6 +116,7 @@ def test_a_run_still_needed_keeps_its_observations_however_old(
                     first_seen_at=NOW,
                     last_changed_at=NOW,
                     payload_hash="h" * 64,
+                    changed_by_run_id=oldest,
                 )
             )
         observe(session, "pruned", [oldest, second, *rest], 3)
