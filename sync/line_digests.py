@@ -18,6 +18,11 @@ is a duplicate key with the same payload), and the merge asks PostgreSQL which p
 the key of a known line, and stages that line too: duplicate keys count, and the last record of a
 key wins, exactly as in a full import.
 
+Two syncs of one run at once (two jobs of a window): the digests are read when the sync starts,
+so a row that the other sync rewrites meanwhile from its own line is left as that sync wrote it
+when this sync's line for it is known, as if this sync had committed first; a sync that starts
+after the other committed finds the new digest, parses its line, and writes it if it differs.
+
 Not known: the lines of a recovery batch (frozen partitions' records are set aside, not counted
 unchanged), every line on SQLite (one writer at a time stages whole rows), and lines read under
 other rules than the row's (a changed datasets file: those rows keep their digest until their
