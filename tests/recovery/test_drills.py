@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -205,7 +206,10 @@ def test_sigterm_early_in_a_download_hands_the_task_to_the_next_worker_within_a_
     deployment.start("worker", env)
     signal_tree(stopping, signal.SIGTERM)  # Heroku signals every process of the dyno
     sent = time.monotonic()
-    stopping.wait(timeout=30)
+    try:
+        stopping.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the worker was still running 30 s after SIGTERM:\n{deployment.logs()}")
     wait_until(
         lambda: task_of(services, key).state == "committed",
         timeout=SWEEP + 20,
