@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session
 
 from sync.casts import to_json
 from sync.dataset_rows import chunks, insert_rows
-from sync.dataset_tables import DatasetTables
+from sync.dataset_tables import DatasetTables, stretch_selects
 from sync.models import Run
 
 
@@ -149,43 +149,24 @@ def _read(
 ) -> dict[str, list[_Stretch]]:
     """Each entity's stretches: the closed ones, and its row of the dataset's table as the
     open one."""
-    c, x = tables.closed.c, tables.current.c
     found: dict[str, list[_Stretch]] = {}
+    closed, open_ = stretch_selects(tables)
     for part in chunks(keys):
-        for r in session.execute(select(tables.closed).where(c.entity_key.in_(part))).mappings():
-            found.setdefault(r["entity_key"], []).append(
-                _Stretch(
-                    was_open=False,
-                    values={n: r[n] for n in names},
-                    partition=r["partition"],
-                    run_id=r["run_id"],
-                    valid_from=r["valid_from"],
-                    valid_to=r["valid_to"],
-                    closed_by=r["closed_by_run_id"],
-                    payload_hash=r["payload_hash"],
+        for was_open, query in ((False, closed), (True, open_)):
+            wanted = query.where(query.selected_columns.entity_key.in_(part))
+            for r in session.execute(wanted).mappings():
+                found.setdefault(r["entity_key"], []).append(
+                    _Stretch(
+                        was_open=was_open,
+                        values={n: r[n] for n in names},
+                        partition=r["partition"],
+                        run_id=r["run_id"],
+                        valid_from=r["valid_from"],
+                        valid_to=r["valid_to"],
+                        closed_by=r["closed_by_run_id"],
+                        payload_hash=r["payload_hash"],
+                    )
                 )
-            )
-        query = select(
-            x.entity_key,
-            *(x[n] for n in names),
-            x.partition,
-            x.changed_by_run_id,
-            x.last_changed_at,
-            x.payload_hash,
-        ).where(x.entity_key.in_(part))
-        for r in session.execute(query).mappings():
-            found.setdefault(r["entity_key"], []).append(
-                _Stretch(
-                    was_open=True,
-                    values={n: r[n] for n in names},
-                    partition=r["partition"],
-                    run_id=r["changed_by_run_id"],
-                    valid_from=r["last_changed_at"],
-                    valid_to=None,
-                    closed_by=None,
-                    payload_hash=r["payload_hash"],
-                )
-            )
     return found
 
 

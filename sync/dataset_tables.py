@@ -26,6 +26,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     Numeric,
+    Select,
     String,
     Table,
     Text,
@@ -218,30 +219,34 @@ def tables_for(
     )
 
 
-def history_query(tables: DatasetTables) -> Any:
-    """What the history view selects: the closed stretches, then one open stretch per row of
-    the dataset's table (from its last change, by the run that made it)."""
+def stretch_selects(tables: DatasetTables) -> tuple[Select[Any], Select[Any]]:
+    """The closed stretches, and one open stretch per row of the dataset's table (from its last
+    change, by the run that made it), each selected as the history view's columns."""
     names = [c.name for c in tables.columns]
     shared = ["entity_key", *names, "partition"]
     c, x = tables.closed.c, tables.current.c
-    return union_all(
-        select(
-            *(c[n] for n in shared),
-            c.run_id,
-            c.valid_from,
-            c.valid_to,
-            c.closed_by_run_id,
-            c.payload_hash,
-        ),
-        select(
-            *(x[n] for n in shared),
-            x.changed_by_run_id.label("run_id"),
-            x.last_changed_at.label("valid_from"),
-            null().cast(Timestamp).label("valid_to"),
-            null().cast(String(200)).label("closed_by_run_id"),
-            x.payload_hash,
-        ),
+    closed = select(
+        *(c[n] for n in shared),
+        c.run_id,
+        c.valid_from,
+        c.valid_to,
+        c.closed_by_run_id,
+        c.payload_hash,
     )
+    open_ = select(
+        *(x[n] for n in shared),
+        x.changed_by_run_id.label("run_id"),
+        x.last_changed_at.label("valid_from"),
+        null().cast(Timestamp).label("valid_to"),
+        null().cast(String(200)).label("closed_by_run_id"),
+        x.payload_hash,
+    )
+    return closed, open_
+
+
+def history_query(tables: DatasetTables) -> Any:
+    """What the history view selects: the closed stretches, then the open ones."""
+    return union_all(*stretch_selects(tables))
 
 
 def history_view_sql(tables: DatasetTables, dialect: Dialect) -> str:
