@@ -85,12 +85,6 @@ class LineDigests:
                 found._add_sorted(b"".join(digest for (digest,) in batch))
         return found
 
-    def digest(self, line: str) -> bytes:
-        """A line's digest under the rules."""
-        h = self._rules.copy()
-        h.update(line.encode())
-        return h.digest()[:DIGEST_SIZE]
-
     def find(self, line: str) -> int:
         """The index of the stored digest the line has, or -1; its digest is kept as
         :attr:`last` either way. (Called once per line: the digest is taken in line.)"""
@@ -98,14 +92,6 @@ class LineDigests:
         h.update(line.encode())
         self.last = d = h.digest()[:DIGEST_SIZE]
         return self.index_of(d) if self.known else -1
-
-    def miss(self, line: str) -> int:
-        """-1, the line's digest kept as :attr:`last`: for a stager that counts no known
-        lines."""
-        h = self._rules.copy()
-        h.update(line.encode())
-        self.last = h.digest()[:DIGEST_SIZE]
-        return -1
 
     def index_of(self, digest: bytes) -> int:
         """The index of a digest among the stored ones, or -1."""

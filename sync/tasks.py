@@ -314,11 +314,11 @@ def _import(
             stager = staging.ObservationStager(
                 session, run_id=target.run_id, source=source, lines=known
             )
+            if not stager.knows_lines:  # every line is parsed, and digested to be stored
+                known = LineDigests(rules)
             read = records.stage_export(
                 stager,
-                cloud.iter_export(
-                    job.id, lines, known=known.find if stager.knows_lines else known.miss
-                ),
+                cloud.iter_export(job.id, lines, known=known.find),
                 RecordIdentity(dataset, target.window),
                 frozen=target.frozen_partitions,
                 max_record_bytes=settings.max_record_bytes,

@@ -70,9 +70,9 @@ def _import(
     with services.uow.begin() as session:
         digests = LineDigests.of_run(session, rules, run_id) if known else LineDigests(rules)
         stager = ObservationStager(session, run_id=run_id, source=source, lines=digests)
-        records = CloudClient(token="line-digests-test").iter_export(
-            1, lines, known=digests.find if stager.knows_lines else digests.miss
-        )
+        if not stager.knows_lines:
+            digests = LineDigests(rules)
+        records = CloudClient(token="line-digests-test").iter_export(1, lines, known=digests.find)
         read = stage_export(
             stager,
             records,
