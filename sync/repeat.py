@@ -201,12 +201,19 @@ Verdict = Literal["same", "changed", "again"]
 
 
 def compare(
-    lines: Iterable[Line], digest: ExportDigest, last: LastImport, tick: Callable[[int], None]
+    lines: Iterable[Line],
+    digest: ExportDigest,
+    last: LastImport,
+    tick: Callable[[int], None],
+    *,
+    vouch: Callable[[], bool],
 ) -> tuple[Verdict, Iterator[Line]]:
     """Read the download as far as needed to tell it from the last import's lines: "same" when
-    it is byte for byte identical (read to its end); "changed" with every line from the first
-    (the first MiB kept, the rest still streaming); "again" when it differs only after its
-    first MiB (those lines were not kept). ``tick`` gets the count of lines every thousand."""
+    it is byte for byte identical (read to its end) and ``vouch()`` says the last import's rows
+    still hold what it wrote; "changed" with every line from the first (the first MiB kept, the
+    rest still streaming); "again" when it differs only after its first MiB (those lines were
+    not kept). ``vouch`` is asked only once the first MiB matches: an export that changed
+    early never pays for it. ``tick`` gets the count of lines every thousand."""
     tapped = digest.tap(lines)
     head: list[Line] = []
     for line in tapped:
@@ -214,9 +221,9 @@ def compare(
         if digest.prefix_reached:
             break
     if not digest.prefix_reached:  # the whole export is shorter than a MiB
-        same = digest.digest() == last.digest
+        same = digest.digest() == last.digest and vouch()
         return ("same", iter(())) if same else ("changed", iter(head))
-    if digest.prefix() != last.prefix:
+    if digest.prefix() != last.prefix or not vouch():
         return "changed", itertools.chain(head, tapped)
     count = len(head)
     for _ in tapped:

@@ -22,6 +22,7 @@ when it provably would (see :mod:`sync.repeat`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -286,8 +287,14 @@ def _import(
         digest = repeat.ExportDigest(rules)
         last = repeat.last_import(session, lease.task_key) if repeat_of_same_job else None
         verdict: repeat.Verdict = "again"
-        if last is not None and repeat.still_stored(session, last, target.run_id):
-            verdict, lines = repeat.compare(cloud.export_lines(job.id), digest, last, tick)
+        if last is not None:
+            verdict, lines = repeat.compare(
+                cloud.export_lines(job.id),
+                digest,
+                last,
+                tick,
+                vouch=functools.partial(repeat.still_stored, session, last, target.run_id),
+            )
         if verdict == "again":
             digest = repeat.ExportDigest(rules)
             lines = digest.tap(cloud.export_lines(job.id))

@@ -109,6 +109,23 @@ def test_a_forced_repeat_after_another_sync_rewrote_a_row_imports_in_full(
     assert {row[1] for row in _rows(services).values()} == {first.attempt_id, again.attempt_id}
 
 
+def test_a_forced_repeat_whose_rows_were_rewritten_imports_from_its_one_download(
+    web: Flask, services: Services, cloud: CloudState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same bytes, longer than the first MiB, but another job rewrote a row since: the rows
+    are asked about once the first MiB matches, and the import goes on in full from the lines
+    read so far, in the one download."""
+    monkeypatch.setattr(repeat, "PREFIX_CHARS", 300)
+    records = _records(20)
+    job_id = _synced(web, services, records, cloud)
+    other = _synced(web, services, [{**records[-1], "price": "1.00"}], cloud)
+    assert attempts_of(services, f"job-{other}")[-1].updated == 1
+    again = _forced(web, services, job_id)
+    assert again.repeat_of is None
+    assert (again.records_read, again.inserted, again.updated, again.unchanged) == (20, 0, 1, 19)
+    assert _downloads(cloud, job_id) == 2
+
+
 def test_a_forced_repeat_after_an_import_that_found_rows_unchanged_imports_in_full(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
