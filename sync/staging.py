@@ -62,11 +62,14 @@ _CHANGES = (
 _TO_WRITE = (
     "SELECT "  # noqa: S608 - constant SQL
     + ", ".join(f"c.{name}" for name in _KEY_COLUMNS.split(", "))
-    + ", o.observation_key IS NULL AS new"
+    + ", o.observation_key IS NULL AS new, "
+    "o.observation_key IS NULL OR o.payload_hash <> c.payload_hash AS write, o.line_digest"
     " FROM obs_staging c LEFT JOIN observations o ON o.observation_key = c.observation_key "
     "AND o.run_id = %(run_id)s "
-    "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash ORDER BY c.ord"
+    "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash{also} ORDER BY c.ord"
 )
+# ... and the staged records whose key a stored row has that a known line may name
+_KNOWN_KEY = " OR o.line_digest IS NOT NULL"
 # whether any key was staged twice (the counts of what was are taken only then)
 _DUPLICATES = (
     "SELECT count(*) FROM (SELECT 1 FROM obs_staging GROUP BY observation_key "
@@ -358,9 +361,20 @@ class ObservationStager:
                 conflicting_duplicates=0,
             )
         # the rows staged: the parsed records, and known lines whose key came on another line too
-        rows = self.count - self._known_lines + self._stage_known_keys(source.run_id)
+        rows = self.count - self._known_lines
+        todo: tuple[int, int] | None = None
+        twice = conn.exec_driver_sql(_DUPLICATES).scalar_one()
+        if self._spool is not None and self._known_lines and not twice:
+            # most parsed records share no key with a known line: the join that sends the
+            # payloads tells, and only if one does are those lines staged and the join run again
+            todo = self._send_payloads(source.run_id, known_keys=True)
+        if todo is None:
+            staged_known = self._stage_known_keys(source.run_id)
+            if staged_known:
+                rows += staged_known
+                twice = conn.exec_driver_sql(_DUPLICATES).scalar_one()
         duplicates = conflicting = 0
-        if conn.exec_driver_sql(_DUPLICATES).scalar_one():  # most exports hold each key once
+        if twice:  # most exports hold each key once
             dup = conn.execute(
                 text(
                     "SELECT count(*) AS keys, coalesce(sum(n), 0) AS n, "
@@ -380,7 +394,8 @@ class ObservationStager:
                     "ON d.observation_key = s.observation_key WHERE s.ord < d.last)"
                 )
             )
-        todo = self._send_payloads(source.run_id) if self._spool is not None else None
+        if todo is None and self._spool is not None:
+            todo = self._send_payloads(source.run_id, known_keys=False)
         # One join finds what is new or changed; only those rows are written (or even locked).
         # The conflict clause keeps a payload that another sync made the same from a rewrite.
         payload = "CAST(c.payload AS jsonb)" if self.postgres else "c.payload"
@@ -447,14 +462,18 @@ class ObservationStager:
             conflicting_duplicates=conflicting,
         )
 
-    def _send_payloads(self, run_id: str) -> tuple[int, int]:
+    def _send_payloads(self, run_id: str, *, known_keys: bool) -> tuple[int, int] | None:
         """Keys first: the staged records that are new or changed come back from one join, and
         go to obs_changes with their spooled payloads; the merge reads those rows alone; how
         many were new and how many changed. Analysed at once: a temporary table has no
         statistics, and a planner that guesses its size picks joins that cost more than the
         whole merge. Only the key the writes join on is analysed (with the row count, which
         ANALYZE always takes): the payloads' statistics, which no plan uses, took three
-        quarters of its time."""
+        quarters of its time.
+
+        ``known_keys``: the same join also brings the stored rows of the other staged keys,
+        and None, with nothing sent, when one of them is the row of a known line (see
+        :meth:`_stage_known_keys`)."""
         spool = self._spool
         assert spool is not None
         spool.flush()
@@ -463,15 +482,24 @@ class ObservationStager:
         assert raw is not None
         self.conn.exec_driver_sql(_CHANGES)
         new = changed = 0
+        named, collided = self._named_by_known_line, False
         with raw.cursor(name="obs_to_write") as wanted:
-            wanted.execute(_TO_WRITE, {"run_id": run_id})
+            wanted.execute(
+                _TO_WRITE.format(also=_KNOWN_KEY if known_keys else ""), {"run_id": run_id}
+            )
             while rows := wanted.fetchmany(self.batch_size):
+                if known_keys and any(stored and named(stored) for *_, stored in rows):
+                    collided = True
+                    break
                 with (
                     raw.cursor() as cursor,
                     cursor.copy(f"COPY obs_changes ({_STAGED_COLUMNS}) FROM STDIN") as copy,
                 ):
                     for row in rows:
-                        number, key, entity, partition, start_url, payload_hash, line, is_new = row
+                        number, key, entity, partition, start_url, payload_hash, line = row[:7]
+                        is_new, write = row[7], row[8]
+                        if not write:
+                            continue
                         if is_new:
                             new += 1
                         else:
@@ -481,10 +509,21 @@ class ObservationStager:
                         copy.write_row(
                             (number, key, entity, partition, start_url, payload, payload_hash, line)
                         )
+        if collided:
+            self.conn.exec_driver_sql("DROP TABLE obs_changes")
+            return None
         self.conn.exec_driver_sql("ANALYZE obs_changes (observation_key)")
         self.close()
         self._table = "obs_changes"
         return new, changed
+
+    def _named_by_known_line(self, digest: bytes) -> bool:
+        """Whether a stored row with this line digest was named by a known line of the export."""
+        lines = self._lines
+        if lines is None:
+            return False
+        index = lines.index_of(bytes(digest))
+        return index >= 0 and self._last_known[index] > 0
 
     def _stage_known_keys(self, run_id: str) -> int:
         """Stage the known lines whose key a parsed record has too (as the row they name, with
