@@ -60,6 +60,19 @@ class SyncWorker(HerokuWorker):
         finally:
             loop.stop()
 
+    def unsubscribe(self) -> None:
+        """RQ's, with the wait for its pubsub thread bounded. The thread waits up to a minute
+        for a subscription once the channel is unsubscribed, and the client's ``stop()`` waits
+        for the thread without a limit: a worker told to stop in that minute outlived its
+        grace. The thread is a daemon and the connection is closed here, as RQ does."""
+        if self.pubsub_thread:
+            self.log.info(
+                "Worker %s: unsubscribing from channel %s", self.name, self.pubsub_channel_name
+            )
+            self.pubsub.unsubscribe()
+            self.pubsub_thread.stop(timeout=1)
+            self.pubsub.close()
+
     def _work_once(self, *args: Any, **kwargs: Any) -> bool:
         try:
             return bool(super().work(*args, **kwargs))
