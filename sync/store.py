@@ -8,12 +8,14 @@ matches no row, so its transaction rolls back and writes nothing.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
+import psycopg
 from sqlalchemy import (
     Connection,
     and_,
@@ -25,6 +27,8 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from sync.cloud.jobs import CloudJob
@@ -214,23 +218,48 @@ def accept_notification(
     """Store a notification and want its job's sync in ONE statement (PostgreSQL), which on an
     autocommit connection is one round trip and one transaction: what :func:`want_sync` and
     :func:`record_notification` do together. A repeat that finds the sync already pending
-    coalesces into it without writing (or locking) the task row."""
+    coalesces into it without writing (or locking) the task row.
+
+    The statement goes to the driver's connection itself: through SQLAlchemy's execution and
+    result layers it cost twice the CPU (0.15 against 0.07 ms, on a request that costs about
+    1 ms). A database error comes out as SQLAlchemy's, as it would from there, and a
+    connection it broke is invalidated, so that the pool opens a fresh one."""
     key = task_key_for(job_id)
-    row = conn.execute(
-        _ACCEPT,
-        {
-            "key": key,
-            "job_id": job_id,
-            "now": now,
-            "addr": remote_addr,
-            "form": orjson.dumps(form).decode(),
-            "status": status,
-        },
-    ).one()
-    wish = Wish(
-        key, job_id, row.state, row.requested_generation, row.attempt_count, row.next_attempt_at
-    )
-    return Acceptance(wish, created=bool(row.created), coalesced=bool(row.coalesced))
+    sql = _accept_sql(conn.dialect)
+    raw = conn.connection.driver_connection
+    assert raw is not None
+    try:
+        with raw.cursor() as cursor:
+            cursor.execute(
+                sql,
+                {
+                    "key": key,
+                    "job_id": job_id,
+                    "now": now.astimezone(UTC).replace(tzinfo=None),
+                    "addr": remote_addr,
+                    "form": orjson.dumps(form).decode(),
+                    "status": status,
+                },
+            )
+            row = cursor.fetchone()
+    except psycopg.Error as exc:
+        gone = bool(raw.broken or raw.closed)
+        if gone:
+            conn.invalidate(exc)
+        error = DBAPIError.instance(
+            sql, None, exc, psycopg.Error, hide_parameters=True, connection_invalidated=gone
+        )
+        raise error from exc
+    assert row is not None, "the statement returns the wish"
+    state, generation, attempts, next_attempt_at, created, coalesced = row
+    wish = Wish(key, job_id, state, generation, attempts, next_attempt_at.replace(tzinfo=UTC))
+    return Acceptance(wish, created=bool(created), coalesced=bool(coalesced))
+
+
+@functools.cache
+def _accept_sql(dialect: Dialect) -> str:
+    """The accept statement as the driver takes it (named parameters, the dialect's casts)."""
+    return str(_ACCEPT.compile(dialect=dialect))
 
 
 def claim(
