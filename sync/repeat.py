@@ -4,9 +4,11 @@ a record (a forced repeat, ``scrapesync sync JOB_ID --force``, of a job Cloud re
 
 Every import records the digest of what it read: SHA-256 over the rules the lines were read
 under (the dataset's whole definition, run, window, frozen partitions, size limits and
-:data:`IMPORT_RULES`) followed by every line of the export as downloaded (a line that was
-skipped by its size and reason: what the import saw of it). It also keeps the digest of the first
-MiB of lines, so that an export which changed is told from the last one after its first MiB.
+:data:`IMPORT_RULES`) followed by the export's body as downloaded, gunzipped, byte for byte
+(lines that were skipped, too long or not UTF-8, included). The body is hashed a piece at a
+time as it comes, not a line at a time: a repeat reads no line it does not need. It also keeps
+the digest of the body's first MiB, so that an export which changed is told from the last one
+after its first MiB.
 
 A repeat is taken only where it is provably what a full import would do, in the transaction that
 commits it:
@@ -42,7 +44,7 @@ from sync.staging import UpsertCounts
 from sync.states import AttemptOutcome
 
 IMPORT_RULES = 1  # raise it when identity or staging rules change what the same lines import as
-PREFIX_CHARS = 1 << 20
+PREFIX_BYTES = 1 << 20
 TICK_EVERY = 1000
 
 Line = str | SkippedLine
@@ -71,42 +73,43 @@ def read_rules(
 
 
 class ExportDigest:
-    """The running SHA-256 of the read rules and the lines of one download."""
+    """The running SHA-256 of the read rules and the body of one download (a
+    :class:`~sync.cloud.download.PieceTap`)."""
 
     def __init__(self, rules: str) -> None:
-        self._hash = hashlib.sha256(rules.encode())
-        self._chars = 0
+        # the version keeps a digest of another form (per line, before) from ever matching
+        self._rules = hashlib.sha256(b"scrapesync export 2\x1f" + rules.encode() + b"\x1f")
+        self.restart()
+
+    def restart(self) -> None:
+        """Forget the body seen so far (the download is tried again from its start)."""
+        self._hash = self._rules.copy()
+        self._size = 0
         self._prefix: str | None = None
 
-    def tap(self, lines: Iterable[Line]) -> Iterator[Line]:
-        """Pass the lines on, hashing each. A skipped line is hashed as a 0xFF byte (which UTF-8
-        text never holds), its size and reason, and a line break, so no sequence of lines can
-        hash as another."""
-        update = self._hash.update
-        for line in lines:
-            if isinstance(line, str):
-                update(line.encode())
-                size = len(line)
-            else:
-                update(b"\xff" + f"{line.size} {line.reason}\n".encode())
-                size = 1
-            if self._prefix is None:
-                self._chars += size
-                if self._chars >= PREFIX_CHARS:
-                    self._prefix = self._hash.copy().hexdigest()
-            yield line
+    def feed(self, data: bytes) -> None:
+        """Hash the next piece of the body; the digest of its first MiB is taken on the way."""
+        if self._prefix is None and self._size + len(data) >= PREFIX_BYTES:
+            cut = PREFIX_BYTES - self._size
+            piece = memoryview(data)
+            self._hash.update(piece[:cut])
+            self._prefix = self._hash.hexdigest()
+            self._hash.update(piece[cut:])
+        else:
+            self._hash.update(data)
+        self._size += len(data)
 
     @property
     def prefix_reached(self) -> bool:
-        """Whether the lines hashed so far reach past the first MiB."""
+        """Whether the body hashed so far reaches its first MiB."""
         return self._prefix is not None
 
     def digest(self) -> str:
-        """The digest of the rules and every line so far."""
+        """The digest of the rules and the body so far."""
         return self._hash.hexdigest()
 
     def prefix(self) -> str:
-        """The digest of the rules and the first MiB of lines (all of them, if fewer)."""
+        """The digest of the rules and the body's first MiB (all of it, if shorter)."""
         return self._prefix if self._prefix is not None else self.digest()
 
 
@@ -208,15 +211,16 @@ def compare(
     *,
     vouch: Callable[[], bool],
 ) -> tuple[Verdict, Iterator[Line]]:
-    """Read the download as far as needed to tell it from the last import's lines: "same" when
-    it is byte for byte identical (read to its end) and ``vouch()`` says the last import's rows
-    still hold what it wrote; "changed" with every line from the first (the first MiB kept, the
-    rest still streaming); "again" when it differs only after its first MiB (those lines were
-    not kept). ``vouch`` is asked only once the first MiB matches: an export that changed
-    early never pays for it. ``tick`` gets the count of lines every thousand."""
-    tapped = digest.tap(lines)
+    """Read the download (its body hashed by ``digest`` as it comes) as far as needed to tell
+    it from the last import's: "same" when it is byte for byte identical (read to its end) and
+    ``vouch()`` says the last import's rows still hold what it wrote; "changed" with every line
+    from the first (those read so far kept, the rest still streaming); "again" when it differs
+    only after its first MiB (those lines were not kept). ``vouch`` is asked only once the first
+    MiB matches: an export that changed early never pays for it. ``tick`` gets the count of
+    lines every thousand."""
+    rest = iter(lines)
     head: list[Line] = []
-    for line in tapped:
+    for line in rest:
         head.append(line)
         if digest.prefix_reached:
             break
@@ -224,9 +228,9 @@ def compare(
         same = digest.digest() == last.digest and vouch()
         return ("same", iter(())) if same else ("changed", iter(head))
     if digest.prefix() != last.prefix or not vouch():
-        return "changed", itertools.chain(head, tapped)
+        return "changed", itertools.chain(head, rest)
     count = len(head)
-    for _ in tapped:
+    for _ in rest:
         count += 1
         if count % TICK_EVERY == 0:
             tick(count)

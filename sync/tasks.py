@@ -289,7 +289,7 @@ def _import(
         verdict: repeat.Verdict = "again"
         if last is not None:
             verdict, lines = repeat.compare(
-                cloud.export_lines(job.id),
+                cloud.export_lines(job.id, tap=digest),
                 digest,
                 last,
                 tick,
@@ -297,7 +297,7 @@ def _import(
             )
         if verdict == "again":
             digest = repeat.ExportDigest(rules)
-            lines = digest.tap(cloud.export_lines(job.id))
+            lines = cloud.export_lines(job.id, tap=digest)
         if verdict == "same" and last is not None:
             counts, origin = repeat.repeated(last), last.origin
             read = records.ExportRead(last.records_read, last.missing_key, last.protected)

@@ -31,6 +31,7 @@ from sync.cloud.download import (
     DEFAULT_MAX_LINE_BYTES,
     InvalidRecord,
     KnownLine,
+    PieceTap,
     SkippedLine,
     body_lines,
     is_json,
@@ -217,10 +218,14 @@ class CloudClient:
             assert isinstance(item, dict), "no line is known without a caller that knows it"
             yield item
 
-    def export_lines(self, job_id: int) -> Iterator[str | SkippedLine]:
+    def export_lines(
+        self, job_id: int, *, tap: PieceTap | None = None
+    ) -> Iterator[str | SkippedLine]:
         """Stream a scraping job's JSON Lines export as its lines, unparsed (a line that is too
-        long or not UTF-8 comes as a SkippedLine)."""
-        return self._download_lines(f"scraping-job/{_id(job_id)}/json", final_line_ok=is_json)
+        long or not UTF-8 comes as a SkippedLine); ``tap`` sees the body itself as it comes."""
+        return self._download_lines(
+            f"scraping-job/{_id(job_id)}/json", final_line_ok=is_json, tap=tap
+        )
 
     def iter_export(
         self,
@@ -358,15 +363,19 @@ class CloudClient:
     # --- downloads ----------------------------------------------------------------------------
 
     def _download_lines(
-        self, path: str, *, final_line_ok: Callable[[str], bool]
+        self, path: str, *, final_line_ok: Callable[[str], bool], tap: PieceTap | None = None
     ) -> Iterator[str | SkippedLine]:
         started = self._clock()
         attempt = 0
         yielded = False
         while True:
             attempt += 1
+            if tap is not None:  # a try that failed before its first line is tried again whole
+                tap.restart()
             try:
-                for line in self._download_once(path, final_line_ok):
+                for line in self._download_once(
+                    path, final_line_ok, tap.feed if tap is not None else None
+                ):
                     yielded = True
                     yield line
                 return
@@ -379,7 +388,10 @@ class CloudClient:
             self._wait_or_raise(failure, wait, attempt, started, "GET", path)
 
     def _download_once(
-        self, path: str, final_line_ok: Callable[[str], bool]
+        self,
+        path: str,
+        final_line_ok: Callable[[str], bool],
+        tap: Callable[[bytes], None] | None = None,
     ) -> Iterator[str | SkippedLine]:
         self._acquire()
         request = self._http.build_request(
@@ -397,6 +409,7 @@ class CloudClient:
                 final_line_ok=final_line_ok,
                 limit=self._max_line_bytes,
                 scrub=self._scrub,
+                tap=tap,
             )
         finally:
             response.close()

@@ -12,7 +12,7 @@ import json
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 import httpx
 
@@ -48,6 +48,17 @@ class KnownLine:
     what the caller's recognition said about it."""
 
     index: int
+
+
+class PieceTap(Protocol):
+    """Sees a download's body as it comes, gunzipped, piece by piece; told to start over when
+    the download is tried again (only ever before a line of it was handed on)."""
+
+    def restart(self) -> None:
+        """Forget the pieces seen so far."""
+
+    def feed(self, data: bytes) -> None:
+        """See the next piece of the body."""
 
 
 class _Gunzip:
@@ -120,9 +131,11 @@ def body_lines(
     final_line_ok: Callable[[str], bool],
     limit: int,
     scrub: Callable[[str], str],
+    tap: Callable[[bytes], None] | None = None,
 ) -> Iterator[str | SkippedLine]:
     """The lines of a streamed export response, each a str (line break kept) or a SkippedLine;
-    DownloadIncompleteError if the body turns out cut short."""
+    DownloadIncompleteError if the body turns out cut short. ``tap`` gets every piece of the
+    body as it comes, gunzipped, before its lines are handed on."""
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("gzip", "identity", ""):
         raise CloudError(f"GET {path}: unexpected Content-Encoding {encoding!r}")
@@ -155,6 +168,8 @@ def body_lines(
                 break
             if data is None:
                 break
+            if tap is not None:
+                tap(data)
             if skipping >= 0:  # inside an over-long line: drop bytes up to its line break
                 end = data.find(b"\n")
                 if end < 0:

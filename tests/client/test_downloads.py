@@ -125,6 +125,38 @@ def test_a_download_failing_before_any_record_is_retried(
     assert len(clock.sleeps) == 3
 
 
+class BodyTap:
+    """A PieceTap that keeps what it saw."""
+
+    def __init__(self) -> None:
+        self.body = b""
+        self.restarts = 0
+
+    def restart(self) -> None:
+        self.body = b""
+        self.restarts += 1
+
+    def feed(self, data: bytes) -> None:
+        self.body += data
+
+
+def test_a_tap_sees_the_body_once_however_often_the_download_was_tried(
+    make_client: MakeClient,
+) -> None:
+    """A tap sees the body gunzipped as it comes, and starts over with each try: what it saw of
+    a try that failed before its first line is not in what it holds at the end."""
+    body = jsonl(RECORDS) + b"\n\n" + b"x" * 40 + b"\n" + jsonl(RECORDS[:1])
+    client, _ = make_client(
+        download(body[:10], gzipped=False, fail=httpx.ReadError("reset")),
+        download(body),
+    )
+    tap = BodyTap()
+    lines = list(client.export_lines(5, tap=tap))
+    assert "".join(line for line in lines if isinstance(line, str)).encode() == body
+    assert tap.body == body
+    assert tap.restarts == 2
+
+
 def test_a_missing_job_download_is_not_found(make_client: MakeClient) -> None:
     """Downloading an unknown job raises CloudNotFoundError at once."""
     client, script = make_client(failure(404))

@@ -15,7 +15,6 @@ from config.datasets import parse_datasets
 from simulator import CloudState, generate_records
 from sync import repeat, tasks
 from sync.bootstrap import Services
-from sync.cloud.download import SkippedLine
 from sync.models import Observation
 from tests.harness import DATASETS_TOML, attempts_of, drain, notify, products_sitemap
 
@@ -115,7 +114,7 @@ def test_a_forced_repeat_whose_rows_were_rewritten_imports_from_its_one_download
     """The same bytes, longer than the first MiB, but another job rewrote a row since: the rows
     are asked about once the first MiB matches, and the import goes on in full from the lines
     read so far, in the one download."""
-    monkeypatch.setattr(repeat, "PREFIX_CHARS", 300)
+    monkeypatch.setattr(repeat, "PREFIX_BYTES", 300)
     records = _records(20)
     job_id = _synced(web, services, records, cloud)
     other = _synced(web, services, [{**records[-1], "price": "1.00"}], cloud)
@@ -176,7 +175,7 @@ def test_an_export_changed_after_its_first_mib_is_downloaded_again_and_imported(
 ) -> None:
     """Same first MiB, a later record changed: the lines after the first MiB were hashed, not
     kept, so the export is downloaded again and imported in full."""
-    monkeypatch.setattr(repeat, "PREFIX_CHARS", 300)
+    monkeypatch.setattr(repeat, "PREFIX_BYTES", 300)
     records = _records(15)
     job_id = _synced(web, services, records, cloud)
     records[-1]["title"] = "changed"
@@ -187,16 +186,31 @@ def test_an_export_changed_after_its_first_mib_is_downloaded_again_and_imported(
     assert _downloads(cloud, job_id) == 3
 
 
-def test_a_skipped_line_never_hashes_as_a_line_of_text() -> None:
-    """A skipped line is hashed by size and reason in a form no UTF-8 line can take."""
+def test_the_export_digest_is_of_the_body_however_it_came_in_pieces() -> None:
+    """The digest and the first MiB's digest depend on the rules and the body's bytes, not on
+    where the download cut it into pieces; a skipped line's bytes count like any other."""
+    body = b"".join(b'{"sku": "S%d", "title": "%s"}\n' % (i, b"t" * (i % 97)) for i in range(40000))
+    assert len(body) > 2 * repeat.PREFIX_BYTES
 
-    def digest(lines: list[str | SkippedLine]) -> str:
-        hashed = repeat.ExportDigest("rules")
-        assert list(hashed.tap(lines)) == lines
-        return hashed.digest()
+    def digests(rules: str, data: bytes, piece: int) -> tuple[str, str]:
+        hashed = repeat.ExportDigest(rules)
+        for start in range(0, len(data), piece):
+            hashed.feed(data[start : start + piece])
+        return hashed.digest(), hashed.prefix()
 
-    skipped = digest(["{}\n", SkippedLine(9, "line_too_long"), "{}"])
-    assert skipped != digest(["{}\n", "9 line_too_long\n", "{}"])
-    assert skipped != digest(["{}\n", SkippedLine(9, "not_utf8"), "{}"])
-    assert skipped == digest(["{}\n", SkippedLine(9, "line_too_long"), "{}"])
-    assert repeat.ExportDigest("rules").digest() != repeat.ExportDigest("other").digest()
+    whole = digests("rules", body, len(body))
+    assert whole == digests("rules", body, 7919) == digests("rules", body, 1 << 20)
+    head = digests("rules", body[: repeat.PREFIX_BYTES], 4096)[0]
+    assert whole[1] == head  # the first MiB's digest is that of the first MiB alone
+    changed_late = body[:-2] + b"X\n"
+    assert digests("rules", changed_late, 65536)[1] == whole[1]
+    assert digests("rules", changed_late, 65536)[0] != whole[0]
+    assert digests("other", body, 65536)[0] != whole[0]
+    short = digests("rules", b"{}\n", 1)
+    assert short[0] == short[1]  # shorter than a MiB: the prefix is the whole
+
+    restarted = repeat.ExportDigest("rules")
+    restarted.feed(b"a try that failed")
+    restarted.restart()
+    restarted.feed(body)
+    assert (restarted.digest(), restarted.prefix()) == whole
