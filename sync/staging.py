@@ -482,7 +482,7 @@ class ObservationStager:
         assert raw is not None
         self.conn.exec_driver_sql(_CHANGES)
         new = changed = 0
-        named, collided = self._named_by_known_line, False
+        named, collided = self._known_line_order, False
         with raw.cursor(name="obs_to_write") as wanted:
             wanted.execute(
                 _TO_WRITE.format(also=_KNOWN_KEY if known_keys else ""), {"run_id": run_id}
@@ -517,23 +517,22 @@ class ObservationStager:
         self._table = "obs_changes"
         return new, changed
 
-    def _named_by_known_line(self, digest: bytes) -> bool:
-        """Whether a stored row with this line digest was named by a known line of the export."""
+    def _known_line_order(self, digest: bytes) -> int:
+        """The order of the last known line of the export that named the stored row with this
+        line digest; 0 when none did."""
         lines = self._lines
         if lines is None:
-            return False
+            return 0
         index = lines.index_of(bytes(digest))
-        return index >= 0 and self._last_known[index] > 0
+        return self._last_known[index] if index >= 0 else 0
 
     def _stage_known_keys(self, run_id: str) -> int:
         """Stage the known lines whose key a parsed record has too (as the row they name, with
         the order of the last such line), so that duplicate keys count and the last record of
         a key wins as in a full import; how many were staged."""
-        lines = self._lines
-        if lines is None or not self._known_lines:
+        if self._lines is None or not self._known_lines:
             return 0
         self.flush()
-        last = self._last_known
         found = self.conn.execute(
             text(
                 "SELECT o.line_digest FROM obs_staging c JOIN observations o "
@@ -544,9 +543,8 @@ class ObservationStager:
         ).scalars()
         both: dict[bytes, int] = {}
         for digest in found:
-            index = lines.index_of(bytes(digest))
-            if index >= 0 and last[index]:
-                both[bytes(digest)] = last[index]
+            if order := self._known_line_order(digest):
+                both[bytes(digest)] = order
         if both:
             self.conn.execute(
                 text(
