@@ -163,47 +163,44 @@ class Acceptance:
 
 
 _REVIVABLE_SQL = ", ".join(f"'{state}'" for state in REVIVABLE)
-_ACCEPT = (
-    text(
-        "WITH cur AS (SELECT state, requested_generation, attempt_count, next_attempt_at "  # noqa: S608 - constants only
-        f"FROM sync_tasks WHERE task_key = :key AND state = '{TaskState.PENDING}'), "
-        "up AS (INSERT INTO sync_tasks (task_key, job_id, state, requested_generation, "
-        "claimed_generation, synced_generation, attempt_count, failure_count, lease_token, "
-        "next_attempt_at, created_at, updated_at) "
-        f"SELECT :key, :job_id, '{TaskState.PENDING}', 1, 0, 0, 0, 0, 0, :now, :now, :now "
-        "WHERE NOT EXISTS (SELECT 1 FROM cur) "
-        "ON CONFLICT (task_key) DO UPDATE SET "
-        f"requested_generation = CASE WHEN sync_tasks.state = '{TaskState.LEASED}' "
-        "THEN sync_tasks.claimed_generation + 1 "
-        f"WHEN sync_tasks.state IN ('{TaskState.PENDING}', '{TaskState.RETRY_WAIT}') "
-        "THEN sync_tasks.requested_generation "
-        "ELSE sync_tasks.synced_generation + 1 END, "
-        f"state = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
-        f"OR (sync_tasks.state = '{TaskState.RETRY_WAIT}' "
-        "AND sync_tasks.last_error_class = 'JobNotFinishedError') "
-        f"THEN '{TaskState.PENDING}' ELSE sync_tasks.state END, "
-        f"failure_count = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
-        "THEN 0 ELSE sync_tasks.failure_count END, "
-        f"next_attempt_at = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
-        f"OR (sync_tasks.state = '{TaskState.RETRY_WAIT}' "
-        "AND sync_tasks.last_error_class = 'JobNotFinishedError') "
-        "THEN excluded.next_attempt_at ELSE sync_tasks.next_attempt_at END, "
-        "updated_at = excluded.updated_at "
-        "RETURNING state, requested_generation, attempt_count, next_attempt_at, "
-        "xmax = 0 AS created), "
-        "wish AS (SELECT state, requested_generation, attempt_count, next_attempt_at, created, "
-        "false AS coalesced FROM up UNION ALL SELECT state, requested_generation, "
-        "attempt_count, next_attempt_at, false, true FROM cur), "
-        "note AS (INSERT INTO notifications (received_at, remote_addr, form, job_id, status, "
-        "task_key, outcome) SELECT :now, :addr, CAST(:form AS jsonb), :job_id, :status, :key, "
-        "'task ' || state || ' (generation ' || requested_generation || ')' FROM wish "
-        "RETURNING id) "
-        "SELECT state, requested_generation, attempt_count, next_attempt_at, created, "
-        "coalesced FROM wish"
-    )
-    .bindparams(bindparam("now", type_=UTCDateTime()))
-    .columns(next_attempt_at=UTCDateTime())
-)
+_ACCEPT = text(
+    "WITH cur AS (SELECT state, requested_generation, attempt_count, next_attempt_at "  # noqa: S608 - constants only
+    f"FROM sync_tasks WHERE task_key = :key AND state = '{TaskState.PENDING}'), "
+    "up AS (INSERT INTO sync_tasks (task_key, job_id, state, requested_generation, "
+    "claimed_generation, synced_generation, attempt_count, failure_count, lease_token, "
+    "next_attempt_at, created_at, updated_at) "
+    f"SELECT :key, :job_id, '{TaskState.PENDING}', 1, 0, 0, 0, 0, 0, :now, :now, :now "
+    "WHERE NOT EXISTS (SELECT 1 FROM cur) "
+    "ON CONFLICT (task_key) DO UPDATE SET "
+    f"requested_generation = CASE WHEN sync_tasks.state = '{TaskState.LEASED}' "
+    "THEN sync_tasks.claimed_generation + 1 "
+    f"WHEN sync_tasks.state IN ('{TaskState.PENDING}', '{TaskState.RETRY_WAIT}') "
+    "THEN sync_tasks.requested_generation "
+    "ELSE sync_tasks.synced_generation + 1 END, "
+    f"state = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
+    f"OR (sync_tasks.state = '{TaskState.RETRY_WAIT}' "
+    "AND sync_tasks.last_error_class = 'JobNotFinishedError') "
+    f"THEN '{TaskState.PENDING}' ELSE sync_tasks.state END, "
+    f"failure_count = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
+    "THEN 0 ELSE sync_tasks.failure_count END, "
+    f"next_attempt_at = CASE WHEN sync_tasks.state IN ({_REVIVABLE_SQL}) "
+    f"OR (sync_tasks.state = '{TaskState.RETRY_WAIT}' "
+    "AND sync_tasks.last_error_class = 'JobNotFinishedError') "
+    "THEN excluded.next_attempt_at ELSE sync_tasks.next_attempt_at END, "
+    "updated_at = excluded.updated_at "
+    "RETURNING state, requested_generation, attempt_count, next_attempt_at, "
+    "xmax = 0 AS created), "
+    "wish AS (SELECT state, requested_generation, attempt_count, next_attempt_at, created, "
+    "false AS coalesced FROM up UNION ALL SELECT state, requested_generation, "
+    "attempt_count, next_attempt_at, false, true FROM cur), "
+    "note AS (INSERT INTO notifications (received_at, remote_addr, form, job_id, status, "
+    "task_key, outcome) SELECT :now, :addr, CAST(:form AS jsonb), :job_id, :status, :key, "
+    "'task ' || state || ' (generation ' || requested_generation || ')' FROM wish "
+    "RETURNING id) "
+    "SELECT state, requested_generation, attempt_count, next_attempt_at, created, "
+    "coalesced FROM wish"
+).bindparams(bindparam("now", type_=UTCDateTime()))
+_UTC = UTCDateTime()
 
 
 def accept_notification(
@@ -235,7 +232,7 @@ def accept_notification(
                 {
                     "key": key,
                     "job_id": job_id,
-                    "now": now.astimezone(UTC).replace(tzinfo=None),
+                    "now": _UTC.process_bind_param(now, conn.dialect),
                     "addr": remote_addr,
                     "form": orjson.dumps(form).decode(),
                     "status": status,
@@ -252,7 +249,9 @@ def accept_notification(
         raise error from exc
     assert row is not None, "the statement returns the wish"
     state, generation, attempts, next_attempt_at, created, coalesced = row
-    wish = Wish(key, job_id, state, generation, attempts, next_attempt_at.replace(tzinfo=UTC))
+    due = _UTC.process_result_value(next_attempt_at, conn.dialect)
+    assert due is not None, "a task row always has its next attempt time"
+    wish = Wish(key, job_id, state, generation, attempts, due)
     return Acceptance(wish, created=bool(created), coalesced=bool(coalesced))
 
 
