@@ -3,9 +3,13 @@ statement (what cannot be stored is set aside before, see :mod:`sync.records`)."
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pickle
 import tempfile
 from array import array
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,6 +28,7 @@ from sync.models import UTCDateTime
 from sync.states import ValidationState
 
 BATCH_SIZE = 5000  # records staged per COPY
+MERGE_BATCH = 1000  # parsed records merged per statement while the export downloads (keys first)
 log = logs.get("staging")
 
 
@@ -186,6 +191,162 @@ class _DirectCopy:
             self._cursor.close()
 
 
+# One statement per batch of parsed records, sent while the export downloads (see _EarlyMerge):
+# their keys staged for the duplicate check, the stored digests of their keys returned for the
+# known-line check, changed rows updated, new keys inserted; a key stored outside the run looks
+# new, and the insert's unique key undoes the early merge.
+_EARLY = (
+    "WITH k AS (SELECT * FROM unnest(%(ord)b::integer[], %(key)b::text[], "  # noqa: S608 - constant SQL
+    "%(entity)b::text[], "
+    "%(partition)b::text[], %(start_url)b::text[], %(payload)b::text[], %(hash)b::text[], "
+    "%(digest)b::bytea[]) AS k(ord, observation_key, entity_key, partition, start_url, payload, "
+    "payload_hash, line_digest)), "
+    f"staged AS (INSERT INTO obs_staging ({_KEY_COLUMNS}) SELECT {_KEY_COLUMNS} FROM k), "
+    "stored AS (SELECT o.line_digest FROM k JOIN observations o "
+    "ON o.observation_key = k.observation_key AND o.run_id = %(run_id)s "
+    "WHERE o.line_digest IS NOT NULL), "
+    "changed AS (UPDATE observations o SET payload = CAST(k.payload AS jsonb), "
+    "payload_hash = k.payload_hash, line_digest = k.line_digest, partition = k.partition, "
+    "start_url = k.start_url, entity_key = k.entity_key, source_job_id = %(job_id)s, "
+    "source_attempt_id = %(attempt_id)s, "
+    f"validation_state = '{ValidationState.PENDING}', last_changed_at = %(now)s FROM k "
+    "WHERE o.observation_key = k.observation_key AND o.run_id = %(run_id)s "
+    "AND o.payload_hash <> k.payload_hash RETURNING 1), "
+    "new AS (INSERT INTO observations (observation_key, dataset, entity_key, run_id, "
+    "collection_window, partition, start_url, payload, payload_hash, line_digest, "
+    "source_job_id, source_attempt_id, validation_state, first_seen_at, last_changed_at) "
+    "SELECT k.observation_key, %(dataset)s, k.entity_key, %(run_id)s, %(window)s, k.partition, "
+    "k.start_url, CAST(k.payload AS jsonb), k.payload_hash, k.line_digest, %(job_id)s, "
+    f"%(attempt_id)s, '{ValidationState.PENDING}', %(now)s, %(now)s FROM k "
+    "WHERE NOT EXISTS (SELECT 1 FROM observations o "
+    "WHERE o.observation_key = k.observation_key AND o.run_id = %(run_id)s) RETURNING 1) "
+    "SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM new), "
+    "ARRAY(SELECT line_digest FROM stored)"
+)
+
+
+class _EarlyMerge:
+    """Keys first on PostgreSQL: the parsed records merged into observations while the export
+    still downloads, a batch at a time, so that PostgreSQL writes while the worker reads the
+    next lines instead of after it. The statements go out in pipeline mode (none waits for its
+    result) under a savepoint, and every batch's key rows go to a local spool as well.
+
+    What the merge cannot tell while the export downloads is told at its end: a key that came
+    twice, or a parsed record whose key a known line also had (its stored row's digest is one
+    of the export's known lines). Either, or a statement that failed (a new key that another
+    sync of the run inserted meanwhile, a key stored outside the run), undoes the early merge to
+    its savepoint, and the spooled keys are staged and merged as before."""
+
+    def __init__(
+        self, conn: Connection, source: Source, stored: Callable[[list[bytes]], None]
+    ) -> None:
+        self._conn = conn
+        self._stored = stored  # told the digests that the merged records' keys had stored
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        self._raw = raw
+        conn.exec_driver_sql("SAVEPOINT obs_early")
+        self._pipeline: psycopg.Pipeline | None = raw.pipeline()
+        self._pipeline.__enter__()
+        self._params: dict[str, Any] = {
+            "run_id": source.run_id,
+            "dataset": source.dataset,
+            "window": source.window,
+            "job_id": source.job_id,
+            "attempt_id": source.attempt_id,
+            # stored as naive UTC, stamped with the sync's start as rows copied straight in are
+            "now": source.now.astimezone(UTC).replace(tzinfo=None),
+        }
+        self._sent: deque[psycopg.Cursor[Any]] = deque()  # statements not yet read back
+        self.keys: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the stager
+        self.failed: str | None = None  # why the server refused a statement
+        self.inserted = self.updated = 0
+
+    def send(self, rows: list[tuple[Any, ...]], payloads: list[str]) -> None:
+        """Merge one batch of parsed records (key rows as staged, in _KEY_COLUMNS' order, and
+        their payloads), and spool its key rows."""
+        pickle.dump(rows, self.keys)
+        if self.failed:
+            return
+        ords, keys, entities, partitions, urls, hashes, digests = zip(*rows, strict=True)
+        cursor = self._raw.cursor()
+        self._sent.append(cursor)
+        try:
+            cursor.execute(
+                _EARLY,
+                {
+                    **self._params,
+                    "ord": list(ords),
+                    "key": list(keys),
+                    "entity": list(entities),
+                    "partition": list(partitions),
+                    "start_url": list(urls),
+                    "payload": payloads,
+                    "hash": list(hashes),
+                    "digest": list(digests),
+                },
+                prepare=False,
+            )
+            self._read(wait=False)
+        except psycopg.Error as exc:  # a statement failed; the rest only spools
+            self.failed = type(exc).__name__
+
+    def _read(self, *, wait: bool) -> None:
+        """Read back the statements whose results came (``wait``: all of them)."""
+        sent = self._sent
+        while sent and (wait or sent[0].pgresult is not None):
+            with sent.popleft() as cursor:
+                row = cursor.fetchone()
+            assert row is not None
+            self.updated += row[0]
+            self.inserted += row[1]
+            if row[2]:
+                self._stored(row[2])
+
+    def finish(self) -> bool:
+        """Wait for every statement: whether all of them went through."""
+        pipeline, self._pipeline = self._pipeline, None
+        assert pipeline is not None
+        try:
+            pipeline.__exit__(None, None, None)
+            if not self.failed:
+                self._read(wait=True)
+        except psycopg.Error as exc:
+            self.failed = self.failed or type(exc).__name__
+        while self._sent:
+            self._sent.popleft().close()
+        return not self.failed
+
+    def undo(self, why: str) -> None:
+        """Undo the early merge (its statements' writes and staged keys) to its savepoint."""
+        self._conn.exec_driver_sql("ROLLBACK TO SAVEPOINT obs_early")
+        log.info("staging.early_merge_undone", extra={"reason": why})
+
+    def keep(self) -> None:
+        """Keep what the early merge wrote."""
+        self._conn.exec_driver_sql("RELEASE SAVEPOINT obs_early")
+
+    def abort(self, exc: BaseException) -> None:
+        """Leave pipeline mode (the transaction is to be rolled back)."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            # the transaction is rolled back either way; the caller raises exc
+            with contextlib.suppress(psycopg.Error):
+                pipeline.__exit__(type(exc), exc, exc.__traceback__)
+        while self._sent:
+            self._sent.popleft().close()
+
+    def spooled(self) -> Iterator[tuple[Any, ...]]:
+        """The key rows of every batch, in order."""
+        self.keys.seek(0)
+        while True:
+            try:
+                rows = pickle.load(self.keys)  # noqa: S301 - this process's own spool
+            except EOFError:
+                return
+            yield from rows
+
+
 class ObservationStager:
     """Collects one job's records in a temporary table (COPY on PostgreSQL), then merges them
     into observations: new keys inserted, changed payloads updated, unchanged payloads neither
@@ -204,6 +365,11 @@ class ObservationStager:
     into observations as they come (see :class:`_DirectCopy`); ``flush`` at the end of the
     export ends the copy.
 
+    Merged early (keys first, given the ``source``): the parsed records are merged a batch at
+    a time while the export downloads, and only a key twice, a parsed key of a known line or a
+    refused statement falls back to the merge above (see :class:`_EarlyMerge`);
+    ``merge_early=False`` stages and merges after the download.
+
     Known lines (keys first, given the run's ``lines``): a line whose digest a row of the run
     holds is that row's record, stored as it is (see :mod:`sync.line_digests`); it is counted,
     not staged, unless its key comes on another line too.
@@ -214,6 +380,8 @@ class ObservationStager:
         session: Session,
         *,
         batch_size: int = BATCH_SIZE,
+        merge_batch: int = MERGE_BATCH,
+        merge_early: bool = True,
         run_id: str | None = None,
         source: Source | None = None,
         lines: LineDigests | None = None,
@@ -247,6 +415,14 @@ class ObservationStager:
         self.copied: int | None = None  # rows copied straight in, once that copy went through
         if self.postgres and not self.keys_first and source is not None:
             self._direct = _DirectCopy(self.conn, source)
+        self._early: _EarlyMerge | None = None
+        self._payloads: list[str] = []  # the payloads of the batch, when merged early
+        self._merge_batch = merge_batch
+        # the stored digests of parsed records' keys that known lines may name, by index
+        self._named = array("i")
+        self.merged_early = False  # whether the early merge stood (see _EarlyMerge)
+        if self.keys_first and merge_early and source is not None:
+            self._early = _EarlyMerge(self.conn, source, self._note_stored)
         self._lines = lines if self.keys_first and lines is not None and lines.known else None
         # per stored digest: the order of the last line that had it (0: none did)
         self._last_known = array("i", [0]) * (self._lines.known if self._lines else 0)
@@ -266,6 +442,8 @@ class ObservationStager:
             self._spool.write(data)
             self._spooled += len(data)
             self._ends.append(self._spooled)
+            if self._early is not None:
+                self._payloads.append(payload)
             self._batch.append(
                 (
                     self.count,
@@ -279,7 +457,7 @@ class ObservationStager:
             )
         else:
             self._batch.append((self.count, *staged, line_digest))
-        if len(self._batch) >= self.batch_size:
+        if len(self._batch) >= (self.batch_size if self._early is None else self._merge_batch):
             self.flush()
 
     @property
@@ -312,6 +490,10 @@ class ObservationStager:
                 direct.spool.close()
         if not self._batch:
             return
+        if self._early is not None:
+            self._early.send(self._batch, self._payloads)
+            self._batch, self._payloads = [], []
+            return
         if self.postgres:
             raw = self.conn.connection.driver_connection
             assert raw is not None
@@ -339,17 +521,71 @@ class ObservationStager:
         assert self.count == count, "the spool holds every record copied"
 
     def abort(self, exc: BaseException) -> None:
-        """Cancel a straight copy still under way (the transaction is to be rolled back)."""
+        """Cancel a straight copy or an early merge still under way (the transaction is to be
+        rolled back)."""
         direct, self._direct = self._direct, None
         if direct is not None:
             direct.abort(exc)
             direct.spool.close()
+        early, self._early = self._early, None
+        if early is not None:
+            early.abort(exc)
+            early.keys.close()
+
+    def _finish_early(self) -> UpsertCounts | None:
+        """End the early merge: its counts when it stands, or None when it was undone and its
+        keys staged again for the merge (a key twice, a parsed key of a known line, a statement
+        the server refused)."""
+        early, self._early = self._early, None
+        assert early is not None
+        try:
+            why = None if early.finish() else early.failed
+            if why is None and self.conn.exec_driver_sql(_DUPLICATES).scalar_one():
+                why = "duplicate_key"
+            if why is None and any(self._last_known[i] for i in self._named):
+                why = "known_line_key"
+            if why is not None:
+                early.undo(why)
+                for row in early.spooled():
+                    self._batch.append(row)
+                    if len(self._batch) >= self.batch_size:
+                        self.flush()
+                self.flush()
+                return None
+            early.keep()
+            self.merged_early = True
+        finally:
+            early.keys.close()
+        self.conn.exec_driver_sql("DROP TABLE obs_staging")
+        self.close()
+        duplicates = self._known_again  # the same line again: the same key, the same payload
+        return UpsertCounts(
+            staged=self.count,
+            inserted=early.inserted,
+            updated=early.updated,
+            unchanged=self.count - duplicates - early.inserted - early.updated,
+            duplicate_keys=duplicates,
+            conflicting_duplicates=0,
+        )
+
+    def _note_stored(self, digests: list[bytes]) -> None:
+        """Keep which of the run's stored digests the early merge found on parsed records'
+        keys, to tell at the end whether a known line named one of those rows."""
+        lines = self._lines
+        if lines is None:
+            return
+        for digest in digests:
+            index = lines.index_of(digest)
+            if index >= 0:
+                self._named.append(index)
 
     def merge(self, source: Source, *, now: datetime) -> UpsertCounts:
         """Merge the staged records into observations as ``source`` says, stamped ``now``; the
         last record of a key wins."""
         self.flush()
         conn = self.conn
+        if self._early is not None and (early := self._finish_early()) is not None:
+            return early
         if self.copied is not None:  # every record went straight in, each key once
             conn.exec_driver_sql("DROP TABLE obs_staging")
             return UpsertCounts(
@@ -560,6 +796,8 @@ class ObservationStager:
 
     def close(self) -> None:
         """Remove the payload spool, if any."""
+        if self._early is not None:
+            self._early.keys.close()
         if self._spool is not None:
             self._spool.close()
             self._spool = None

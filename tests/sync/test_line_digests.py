@@ -54,7 +54,8 @@ def _import(
     max_record_bytes: int = 1 << 20,
 ) -> tuple[UpsertCounts, ExportRead, int]:
     """Import ``lines`` into the run of ``window`` as a sync does (``known``: with the run's
-    stored line digests); (counts, what was read, how many records were parsed)."""
+    stored line digests, merged two records at a time while they are read; else in full,
+    merged after the download); (counts, what was read, how many records were parsed)."""
     dataset = services.datasets.get("products")
     run_id = f"run-{window}"
     rules = read_rules(
@@ -69,7 +70,9 @@ def _import(
     source = Source("products", run_id, window, 1, attempt, NOW)
     with services.uow.begin() as session:
         digests = LineDigests.of_run(session, rules, run_id) if known else LineDigests(rules)
-        stager = ObservationStager(session, run_id=run_id, source=source, lines=digests)
+        stager = ObservationStager(  # the full import is the merge after the download
+            session, run_id=run_id, source=source, lines=digests, merge_early=known, merge_batch=2
+        )
         if not stager.knows_lines:
             digests = LineDigests(rules)
         records = CloudClient(token="line-digests-test").iter_export(1, lines, known=digests.find)

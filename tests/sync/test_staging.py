@@ -19,11 +19,16 @@ NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 
 
 def _merge(
-    services: Services, attempt: str, records: list[dict[str, Any]], *, run_id: str = "r"
+    services: Services,
+    attempt: str,
+    records: list[dict[str, Any]],
+    *,
+    run_id: str = "r",
+    early: bool = True,
 ) -> tuple[bool, Any]:
-    """Stage ``records`` into ``run_id`` and merge them under ``attempt``; (keys first?,
-    counts)."""
-    stager, counts = _sync(services, attempt, records, run_id=run_id, straight=False)
+    """Stage ``records`` into ``run_id`` and merge them under ``attempt`` (``early``: two
+    records at a time while they are staged, where the run holds rows); (keys first?, counts)."""
+    stager, counts = _sync(services, attempt, records, run_id=run_id, straight=False, early=early)
     return stager.keys_first, counts
 
 
@@ -35,13 +40,21 @@ def _sync(
     run_id: str,
     straight: bool,
     window: str = "2026-12-03",
+    early: bool = True,
 ) -> tuple[ObservationStager, UpsertCounts]:
     """Stage ``records`` into ``run_id`` as a sync does (``straight``: offering a run's first
-    sync the copy straight into observations) and merge them; (the stager, its counts)."""
+    sync the copy straight into observations; ``early``: a later one the merge while staging,
+    two records at a time) and merge them; (the stager, its counts)."""
     identify = RecordIdentity(services.datasets.get("products"), window)
     source = Source("products", run_id, window, 1, attempt, NOW)
     with services.uow.begin() as session:
-        stager = ObservationStager(session, run_id=run_id, source=source if straight else None)
+        stager = ObservationStager(
+            session,
+            run_id=run_id,
+            source=source if straight or early else None,
+            merge_early=early,
+            merge_batch=2,
+        )
         for record in records:
             staged = identify(record)
             assert staged is not None
@@ -90,7 +103,7 @@ def test_a_runs_first_sync_goes_straight_in_and_stores_what_staging_stores(
     ]
     straight, counts = _sync(services, "a1", records, run_id="straight", straight=True)
     staged, staged_counts = _sync(
-        services, "a1", records, run_id="staged", straight=False, window="2026-12-04"
+        services, "a1", records, run_id="staged", straight=False, window="2026-12-04", early=False
     )
     assert straight.copied == 300  # every record went straight in
     assert staged.copied is None
@@ -164,4 +177,44 @@ def test_a_key_found_outside_the_runs_rows_is_still_merged_and_counted_exactly(
         "B": ("elsewhere", "2", "a2"),
         "C": ("r", "1", "a1"),
         "D": ("r", "5", "a2"),
+    }
+
+
+def test_records_merged_while_staged_store_and_count_what_a_merge_after_staging_does(
+    services: Services,
+) -> None:
+    """Into a run that holds observations, the parsed records are merged a few at a time while
+    they are staged: new rows inserted, changed ones updated, unchanged ones left as they were
+    (their attempt and times), with the counts and rows that merging after staging gives."""
+    first = [product(f"S{i}", "1") for i in range(6)]
+    later = [
+        product("S0", "1"),
+        product("S1", "2"),
+        product("S7", "3"),
+        product("S2", "1"),
+        product("S3", "9"),
+        product("S8", "4"),
+        product("S5", "1"),
+    ]
+    for run_id, window, early in (("early", "2026-12-03", True), ("after", "2026-12-04", False)):
+        _sync(services, "a1", first, run_id=run_id, straight=False, window=window, early=early)
+        stager, counts = _sync(
+            services, "a2", later, run_id=run_id, straight=False, window=window, early=early
+        )
+        assert stager.keys_first
+        assert stager.merged_early is early
+        assert counts == UpsertCounts(
+            staged=7, inserted=2, updated=2, unchanged=3, duplicate_keys=0, conflicting_duplicates=0
+        )
+    early_rows, after_rows = _stored(services, "early"), _stored(services, "after")
+    assert early_rows == after_rows
+    assert {key: row[6] for key, row in early_rows.items()} == {
+        "S0": "a1",
+        "S1": "a2",
+        "S2": "a1",
+        "S3": "a2",
+        "S4": "a1",
+        "S5": "a1",
+        "S7": "a2",
+        "S8": "a2",
     }

@@ -777,6 +777,56 @@ def test_a_sync_that_races_another_writer_for_new_keys_still_writes_each_once(
     assert row != "other"
 
 
+@pytest.mark.postgres
+def test_a_later_sync_that_races_another_writer_for_a_new_key_still_writes_each_once(
+    web: Flask, services: Services, cloud: CloudState, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A later sync of a run merges its records while it downloads them. Another transaction
+    inserts one of its new keys meanwhile: the sync waits for it, undoes what it merged so far,
+    and the merge after the download takes that row as it is by then and commits every record
+    once."""
+    notify(web, _finished_job(cloud, n=10))
+    drain(services)
+    job_id = _finished_job(cloud, n=15)  # the same run: ten keys stored, five new
+    notify(web, job_id)
+    with services.cloud() as client:
+        target = tasks.resolve_target(services, client.get_job(job_id))
+    raced = observation_key(target.dataset.name, target.window, "SKU-000012")
+    engine = services.uow.engine
+    with engine.connect() as other:
+        other.execute(
+            text(
+                "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "
+                "collection_window, payload, payload_hash, source_job_id, source_attempt_id, "
+                "validation_state, first_seen_at, last_changed_at) VALUES (:key, 'products', "
+                "'SKU-000012', :run, :window, '{}', 'other', 1, 'other', 'pending', now(), now())"
+            ),
+            {"key": raced, "run": target.run_id, "window": target.window},
+        )  # not committed yet: the sync's insert of this key has to wait for it
+        results: list[tasks.SyncResult] = []
+        worker = threading.Thread(target=lambda: results.append(drain_one(services, job_id)))
+        with caplog.at_level("INFO", logger="scrapesync.staging"):
+            worker.start()
+            deadline = time.monotonic() + 60
+            while not _someone_waits_for_a_lock(engine):
+                assert time.monotonic() < deadline, "the sync never reached the raced key"
+                time.sleep(0.05)
+            other.commit()
+            worker.join()
+    (undone,) = [r for r in caplog.records if r.getMessage() == "staging.early_merge_undone"]
+    assert undone.reason == "UniqueViolation"  # type: ignore[attr-defined]
+    (result,) = results
+    assert result.outcome == "committed"
+    assert result.counts is not None
+    assert (result.counts.inserted, result.counts.updated, result.counts.unchanged) == (4, 1, 10)
+    assert observation_count(services) == 15
+    with services.uow.begin() as session:
+        row = session.execute(
+            select(Observation.payload_hash).where(Observation.observation_key == raced)
+        ).scalar_one()
+    assert row != "other"
+
+
 def drain_one(services: Services, job_id: int) -> tasks.SyncResult:
     """Run the job's sync task once, as a worker would."""
     return tasks.run_sync(services, f"job-{job_id}")
