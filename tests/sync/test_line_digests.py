@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, text
 
+from sync import line_digests
 from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.identity import Identified, RecordIdentity
@@ -149,6 +150,24 @@ def test_a_continue_parses_only_the_lines_that_changed(services: Services) -> No
     assert counts == UpsertCounts(100, 0, 0, 100, 0, 0)
     assert parsed == 0
     assert _xmins(services, window) == after
+
+
+def test_a_run_too_large_for_a_dict_of_its_digests_knows_the_same_lines(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of more rows than a dict of digests is kept for (here 8) reads its digests again,
+    sorted, into arrays, and knows the same lines as a small run does."""
+    monkeypatch.setattr(line_digests, "DICT_ROWS", 8)
+    monkeypatch.setattr(line_digests, "FETCH", 3)  # the dict is given up mid-read
+    window = _window()
+    first = [line(f"S{i}", f"{i}.00", order=i) for i in range(40)]
+    _import(services, "a1", first, window=window)
+    second = [line(f"S{i}", f"{i}.99", order=i) if i % 10 == 3 else first[i] for i in range(40)]
+    second.append(line("N", "1.00", order=40))
+    counts, read, parsed = _import(services, "a2", second, window=window)
+    assert (read.read, parsed) == (41, 5)
+    assert counts == UpsertCounts(41, 1, 4, 36, 0, 0)
+    assert _stored(services, window)["S13"][0]["price"] == "13.99"
 
 
 def test_a_known_line_and_another_line_of_its_key_count_and_win_as_in_a_full_import(
