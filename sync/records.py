@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sync.cloud.download import InvalidRecord, KnownLine
+from sync.cloud.download import InvalidRecord, KnownLines
 from sync.identity import RecordIdentity
 from sync.line_digests import LineDigests
 from sync.staging import ObservationStager
@@ -100,7 +100,7 @@ class ExportRead:
 
 def stage_export(
     stager: ObservationStager,
-    records: Iterable[tuple[int, Mapping[str, Any] | InvalidRecord | KnownLine]],
+    records: Iterable[tuple[int, Mapping[str, Any] | InvalidRecord | KnownLines]],
     identify: RecordIdentity,
     *,
     frozen: frozenset[str],
@@ -110,8 +110,8 @@ def stage_export(
 ) -> ExportRead:
     """Stage every storable record of an export; set the others aside and count them.
     ``tick`` gets the count of lines read every thousand staged records. ``lines`` digests the
-    lines as ``records`` reads them: each record is staged with its line's digest, and a line
-    known as a stored row's comes as a KnownLine, counted by the stager."""
+    lines as ``records`` reads them: each record is staged with its line's digest, and lines
+    known as stored rows' come as KnownLines, counted by the stager."""
     found = ExportRead()
     invalid = found.invalid
     read = missing = protected = 0
@@ -119,12 +119,13 @@ def stage_export(
     quarter = max_record_bytes // 4
     try:
         for line, item in records:
-            read += 1
-            if isinstance(item, KnownLine):
-                known(item.index)
-                if read % 1000 == 0:
-                    tick(read)
+            if isinstance(item, KnownLines):
+                known(item.indexes)
+                before, read = read, read + len(item.indexes)
+                if read // 1000 != before // 1000:  # at most a thousand: one thousand passed
+                    tick(read - read % 1000)
                 continue
+            read += 1
             if isinstance(item, InvalidRecord):
                 invalid.add(item)
                 continue

@@ -4,6 +4,7 @@ statement (what cannot be stored is set aside before, see :mod:`sync.records`)."
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import pickle
 import tempfile
@@ -465,16 +466,20 @@ class ObservationStager:
         """Whether lines known as the run's stored rows are to be counted by :meth:`known`."""
         return self._lines is not None
 
-    def known(self, index: int) -> None:
-        """Count a line that is the record of the run's row with stored digest ``index`` (as
-        the ``lines`` given say), without staging it."""
+    def known(self, indexes: list[int]) -> None:
+        """Count lines that are the records of the run's rows with these stored digest
+        indexes (as the ``lines`` given say), without staging them."""
         assert self._lines is not None, "known lines are counted only when given"
-        self.count += 1
-        self._known_lines += 1
-        if self._last_known[index]:
-            self._known_again += 1
-        self._last_known[index] = self.count
-        self._ends.append(self._spooled)  # no payload: a known line is never written
+        last, count, again = self._last_known, self.count, 0
+        for index in indexes:
+            count += 1
+            if last[index]:
+                again += 1
+            last[index] = count
+        self.count = count
+        self._known_lines += len(indexes)
+        self._known_again += again
+        self._ends.extend(itertools.repeat(self._spooled, len(indexes)))  # never written
 
     def flush(self) -> None:
         """Write the buffered records to the staging table (straight in: end the copy, and

@@ -29,8 +29,9 @@ from sync import retry, secrecy
 from sync.cloud.budget import ApiBudget
 from sync.cloud.download import (
     DEFAULT_MAX_LINE_BYTES,
+    KNOWN_RUN,
     InvalidRecord,
-    KnownLine,
+    KnownLines,
     PieceTap,
     SkippedLine,
     body_lines,
@@ -233,19 +234,31 @@ class CloudClient:
         lines: Iterable[str | SkippedLine] | None = None,
         *,
         known: Callable[[str], int] | None = None,
-    ) -> Iterator[tuple[int, dict[str, Any] | InvalidRecord | KnownLine]]:
+    ) -> Iterator[tuple[int, dict[str, Any] | InvalidRecord | KnownLines]]:
         """Stream a scraping job's JSON Lines export as (line number, record); a line that is
         too long, not UTF-8, not JSON or not an object comes as an InvalidRecord instead, and
         the stream goes on. Blank lines are skipped. ``lines`` are the export's lines when the
         caller has them already (from :meth:`export_lines`). ``known`` is asked about every
-        other line before it is parsed: a line it gives an index of (not -1) comes as a
-        KnownLine, unparsed."""
+        other line before it is parsed: lines it gives an index of (not -1) come unparsed,
+        together as KnownLines (numbered as the last of them), up to KNOWN_RUN at a time."""
         number = 0
         progress, total = self.progress, self._record_counts.get(job_id)
+        run: list[int] = []  # the indexes of known lines not yet handed on
         for line in self.export_lines(job_id) if lines is None else lines:
             number += 1
             if progress is not None and number % PROGRESS_EVERY == 0:
                 progress("records", number, total)
+            if known is not None and not isinstance(line, SkippedLine):
+                index = known(line.removeprefix("\ufeff") if number == 1 else line)
+                if index >= 0:
+                    run.append(index)
+                    if len(run) == KNOWN_RUN:
+                        yield number, KnownLines(run)
+                        run = []
+                    continue
+            if run:
+                yield number - 1, KnownLines(run)
+                run = []
             if isinstance(line, SkippedLine):
                 limit = f"the limit is {self._max_line_bytes} bytes"
                 detail = f"{line.size} bytes; {limit}" if line.reason == "line_too_long" else ""
@@ -255,11 +268,6 @@ class CloudClient:
                 line = line.removeprefix("\ufeff")
             if not line.strip():
                 continue
-            if known is not None:
-                index = known(line)
-                if index >= 0:
-                    yield number, KnownLine(index)
-                    continue
             try:
                 record = orjson.loads(line)  # several times faster than json on big exports
             except orjson.JSONDecodeError as exc:
@@ -269,6 +277,8 @@ class CloudClient:
                 yield number, InvalidRecord(number, "not_an_object", type(record).__name__)
                 continue
             yield number, record
+        if run:
+            yield number, KnownLines(run)
         if progress is not None:
             progress("records", number, total)
 

@@ -42,12 +42,16 @@ class InvalidRecord:
     partition: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class KnownLine:
-    """A line of an export that the caller recognised and that was not parsed: ``index`` is
-    what the caller's recognition said about it."""
+KNOWN_RUN: Final = 1000  # known lines handed on together, at most
 
-    index: int
+
+@dataclass(frozen=True, slots=True)
+class KnownLines:
+    """Consecutive lines of an export (blank lines aside) that the caller recognised and that
+    were not parsed, at most KNOWN_RUN of them: ``indexes`` is what the caller's recognition
+    said about each, in order."""
+
+    indexes: list[int]
 
 
 class PieceTap(Protocol):

@@ -15,7 +15,9 @@ from sqlalchemy import select, text
 
 from sync import line_digests
 from sync.bootstrap import Services
+from sync.cloud import client
 from sync.cloud.client import CloudClient
+from sync.cloud.download import KnownLines
 from sync.identity import Identified, RecordIdentity
 from sync.line_digests import LineDigests
 from sync.models import Observation
@@ -150,6 +152,27 @@ def test_a_continue_parses_only_the_lines_that_changed(services: Services) -> No
     assert counts == UpsertCounts(100, 0, 0, 100, 0, 0)
     assert parsed == 0
     assert _xmins(services, window) == after
+
+
+def test_known_lines_come_in_runs_in_their_place_among_the_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Known lines are handed on unparsed, together, at most KNOWN_RUN (here 2) at a time and
+    numbered as the last of them, each run before the record or blank line that ends it."""
+    monkeypatch.setattr(client, "KNOWN_RUN", 2)
+    a, b, c, d, e, f = (line(sku, "1") for sku in "ABCDEF")
+    indexes = {a: 0, b: 1, c: 2, e: 4, f: 5}
+    items = list(
+        CloudClient(token="line-digests-test").iter_export(
+            1, [a, b, c, "\n", d, e, f], known=lambda text: indexes.get(text, -1)
+        )
+    )
+    assert items == [
+        (2, KnownLines([0, 1])),
+        (3, KnownLines([2])),
+        (5, orjson.loads(d)),
+        (7, KnownLines([4, 5])),
+    ]
 
 
 def test_a_run_too_large_for_a_dict_of_its_digests_knows_the_same_lines(
