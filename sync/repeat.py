@@ -204,24 +204,24 @@ Verdict = Literal["same", "changed", "again"]
 
 
 def compare(
-    lines: Iterable[Line],
+    blocks: Iterable[list[Line]],
     digest: ExportDigest,
     last: LastImport,
     tick: Callable[[int], None],
     *,
     vouch: Callable[[], bool],
-) -> tuple[Verdict, Iterator[Line]]:
-    """Read the download (its body hashed by ``digest`` as it comes) as far as needed to tell
-    it from the last import's: "same" when it is byte for byte identical (read to its end) and
-    ``vouch()`` says the last import's rows still hold what it wrote; "changed" with every line
-    from the first (those read so far kept, the rest still streaming); "again" when it differs
-    only after its first MiB (those lines were not kept). ``vouch`` is asked only once the first
-    MiB matches: an export that changed early never pays for it. ``tick`` gets the count of
-    lines every thousand."""
-    rest = iter(lines)
-    head: list[Line] = []
-    for line in rest:
-        head.append(line)
+) -> tuple[Verdict, Iterator[list[Line]]]:
+    """Read the download (its lines a gunzipped piece at a time, its body hashed by ``digest``
+    as it comes) as far as needed to tell it from the last import's: "same" when it is byte
+    for byte identical (read to its end) and ``vouch()`` says the last import's rows still hold
+    what it wrote; "changed" with every piece's lines from the first (those read so far kept,
+    the rest still streaming); "again" when it differs only after its first MiB (those lines
+    were not kept). ``vouch`` is asked only once the first MiB matches: an export that changed
+    early never pays for it. ``tick`` gets the count of lines at every thousand."""
+    rest = iter(blocks)
+    head: list[list[Line]] = []
+    for block in rest:
+        head.append(block)
         if digest.prefix_reached:
             break
     if not digest.prefix_reached:  # the whole export is shorter than a MiB
@@ -229,9 +229,9 @@ def compare(
         return ("same", iter(())) if same else ("changed", iter(head))
     if digest.prefix() != last.prefix or not vouch():
         return "changed", itertools.chain(head, rest)
-    count = len(head)
-    for _ in rest:
-        count += 1
-        if count % TICK_EVERY == 0:
-            tick(count)
+    count = sum(map(len, head))
+    for block in rest:
+        before, count = count, count + len(block)
+        for mark in range(before // TICK_EVERY + 1, count // TICK_EVERY + 1):
+            tick(mark * TICK_EVERY)
     return ("same" if digest.digest() == last.digest else "again"), iter(())

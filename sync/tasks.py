@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -288,8 +289,8 @@ def _import(
         last = repeat.last_import(session, lease.task_key) if repeat_of_same_job else None
         verdict: repeat.Verdict = "again"
         if last is not None:
-            verdict, lines = repeat.compare(
-                cloud.export_lines(job.id, tap=digest),
+            verdict, blocks = repeat.compare(
+                cloud.export_blocks(job.id, tap=digest),
                 digest,
                 last,
                 tick,
@@ -297,7 +298,7 @@ def _import(
             )
         if verdict == "again":
             digest = repeat.ExportDigest(rules)
-            lines = cloud.export_lines(job.id, tap=digest)
+            blocks = cloud.export_blocks(job.id, tap=digest)
         if verdict == "same" and last is not None:
             counts, origin = repeat.repeated(last), last.origin
             read = records.ExportRead(last.records_read, last.missing_key, last.protected)
@@ -325,7 +326,7 @@ def _import(
                 known = LineDigests(rules)
             read = records.stage_export(
                 stager,
-                cloud.iter_export(job.id, lines, known=known.find),
+                cloud.iter_export(job.id, itertools.chain.from_iterable(blocks), known=known.find),
                 RecordIdentity(dataset, target.window),
                 frozen=target.frozen_partitions,
                 max_record_bytes=settings.max_record_bytes,

@@ -14,6 +14,7 @@ configured secret), errors are raised without chaining httpx's exceptions, and a
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import ssl
@@ -34,7 +35,7 @@ from sync.cloud.download import (
     KnownLines,
     PieceTap,
     SkippedLine,
-    body_lines,
+    body_blocks,
     is_json,
 )
 from sync.cloud.errors import CloudError, CloudRateLimitedError, CloudTransportError, error_for
@@ -224,7 +225,14 @@ class CloudClient:
     ) -> Iterator[str | SkippedLine]:
         """Stream a scraping job's JSON Lines export as its lines, unparsed (a line that is too
         long or not UTF-8 comes as a SkippedLine); ``tap`` sees the body itself as it comes."""
-        return self._download_lines(
+        return itertools.chain.from_iterable(self.export_blocks(job_id, tap=tap))
+
+    def export_blocks(
+        self, job_id: int, *, tap: PieceTap | None = None
+    ) -> Iterator[list[str | SkippedLine]]:
+        """The lines of :meth:`export_lines`, a gunzipped piece of the body at a time (a list
+        of them), for a caller that goes through them in bulk."""
+        return self._download_blocks(
             f"scraping-job/{_id(job_id)}/json", final_line_ok=is_json, tap=tap
         )
 
@@ -372,9 +380,9 @@ class CloudClient:
 
     # --- downloads ----------------------------------------------------------------------------
 
-    def _download_lines(
+    def _download_blocks(
         self, path: str, *, final_line_ok: Callable[[str], bool], tap: PieceTap | None = None
-    ) -> Iterator[str | SkippedLine]:
+    ) -> Iterator[list[str | SkippedLine]]:
         started = self._clock()
         attempt = 0
         yielded = False
@@ -383,11 +391,11 @@ class CloudClient:
             if tap is not None:  # a try that failed before its first line is tried again whole
                 tap.restart()
             try:
-                for line in self._download_once(
+                for block in self._download_once(
                     path, final_line_ok, tap.feed if tap is not None else None
                 ):
                     yielded = True
-                    yield line
+                    yield block
                 return
             except CloudError as exc:
                 failure = exc
@@ -402,7 +410,7 @@ class CloudClient:
         path: str,
         final_line_ok: Callable[[str], bool],
         tap: Callable[[bytes], None] | None = None,
-    ) -> Iterator[str | SkippedLine]:
+    ) -> Iterator[list[str | SkippedLine]]:
         self._acquire()
         request = self._http.build_request(
             "GET", path, headers={"Accept-Encoding": "gzip"}, timeout=self._download_timeout
@@ -413,7 +421,7 @@ class CloudClient:
             if response.status_code != 200:
                 payload = self._payload(response)
                 raise self._error(response, payload, "GET", path)
-            yield from body_lines(
+            yield from body_blocks(
                 response,
                 path,
                 final_line_ok=final_line_ok,

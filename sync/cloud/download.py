@@ -93,7 +93,7 @@ class _Gunzip:
         return not self._started or self._decoder.eof
 
 
-def _split_block(pending: bytearray, cut: int, limit: int) -> Iterator[str | SkippedLine]:
+def _split_block(pending: bytearray, cut: int, limit: int) -> list[str | SkippedLine]:
     """The complete lines of ``pending[: cut + 1]``, each ending in a line break; a line over
     ``limit`` bytes or not UTF-8 becomes a SkippedLine."""
     block = bytes(pending[: cut + 1])
@@ -103,20 +103,24 @@ def _split_block(pending: bytearray, cut: int, limit: int) -> Iterator[str | Ski
         lines = None
     if lines is not None:
         lines.pop()
-        for line in lines:
-            if len(line) > limit // 4 and len(line.encode()) > limit:
-                yield SkippedLine(len(line.encode()) + 1, "line_too_long")
-            else:
-                yield line + "\n"
-        return
+        if max(map(len, lines), default=0) <= limit // 4:  # no line can be over the limit
+            return [line + "\n" for line in lines]
+        return [
+            SkippedLine(len(line.encode()) + 1, "line_too_long")
+            if len(line) > limit // 4 and len(line.encode()) > limit
+            else line + "\n"
+            for line in lines
+        ]
+    found: list[str | SkippedLine] = []
     for raw in block.split(b"\n")[:-1]:  # find the lines that are not UTF-8
         if len(raw) > limit:
-            yield SkippedLine(len(raw) + 1, "line_too_long")
+            found.append(SkippedLine(len(raw) + 1, "line_too_long"))
             continue
         try:
-            yield raw.decode("utf-8") + "\n"
+            found.append(raw.decode("utf-8") + "\n")
         except UnicodeDecodeError:
-            yield SkippedLine(len(raw) + 1, "not_utf8")
+            found.append(SkippedLine(len(raw) + 1, "not_utf8"))
+    return found
 
 
 def is_json(line: str) -> bool:
@@ -128,7 +132,7 @@ def is_json(line: str) -> bool:
     return True
 
 
-def body_lines(
+def body_blocks(
     response: httpx.Response,
     path: str,
     *,
@@ -136,8 +140,9 @@ def body_lines(
     limit: int,
     scrub: Callable[[str], str],
     tap: Callable[[bytes], None] | None = None,
-) -> Iterator[str | SkippedLine]:
-    """The lines of a streamed export response, each a str (line break kept) or a SkippedLine;
+) -> Iterator[list[str | SkippedLine]]:
+    """The lines of a streamed export response, each a str (line break kept) or a SkippedLine,
+    handed on a gunzipped piece at a time (a list of the piece's complete lines, never empty);
     DownloadIncompleteError if the body turns out cut short. ``tap`` gets every piece of the
     body as it comes, gunzipped, before its lines are handed on."""
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
@@ -179,13 +184,13 @@ def body_lines(
                 if end < 0:
                     skipping += len(data)
                     continue
-                yield SkippedLine(skipping + end + 1, "line_too_long")
+                yield [SkippedLine(skipping + end + 1, "line_too_long")]
                 skipping = -1
                 data = data[end + 1 :]
             pending += data
             cut = pending.rfind(b"\n")
             if cut >= 0:
-                yield from _split_block(pending, cut, limit)
+                yield _split_block(pending, cut, limit)
                 del pending[: cut + 1]
             if len(pending) > limit:  # the line under way is already too long
                 skipping = len(pending)
@@ -207,6 +212,6 @@ def body_lines(
     if failure is not None:
         raise failure
     if skipping >= 0:
-        yield SkippedLine(skipping, "line_too_long")
+        yield [SkippedLine(skipping, "line_too_long")]
     if last:
-        yield last
+        yield [last]
