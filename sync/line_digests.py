@@ -32,7 +32,8 @@ The stored digests are read once. A run of up to :data:`DICT_ROWS` rows keeps th
 (about 120 bytes a row, 30 MiB at most), read in whatever order PostgreSQL finds them: a lookup
 is one hash probe (0.1 us a line at 100,000 rows). A larger run keeps them sorted by PostgreSQL
 in two arrays of 64-bit halves: 16 bytes per row, about 16 MiB for a million, where a dict would
-take 120 MiB; a run found larger while its digests were read is read again sorted. Digests are
+take 120 MiB. Which way is told by reading up to one more digest than a dict takes, as bytes (4
+MiB at most): a run found larger is read again, sorted, without ever holding a dict. Digests are
 uniform, so the first bits of a digest say where it lies: a table of where each leading-bits
 value starts (one entry per four rows, a byte per row) leaves a search among a few rows instead
 of the whole run (0.6 us a line at 100,000 rows). Either way the stager adds 4 bytes per row for
@@ -100,19 +101,23 @@ class LineDigests:
             return found
         raw = conn.connection.driver_connection
         assert raw is not None
-        index: dict[bytes, int] = {}
+        # no more than DICT_ROWS + 1 digests first, concatenated (16 bytes each): as many as
+        # that takes tells which way they are kept, and a larger run has held no dict
+        chunks: list[bytes] = []
         with raw.cursor(name="line_digests", binary=True) as cursor:
-            cursor.execute(_STORED, {"run_id": run_id})
+            cursor.execute(_STORED + " LIMIT %(most)s", {"run_id": run_id, "most": DICT_ROWS + 1})
             while batch := cursor.fetchmany(FETCH):
-                start, found.known = found.known, found.known + len(batch)
-                index.update(zip((d for (d,) in batch), range(start, found.known), strict=True))
-                if found.known > DICT_ROWS:
-                    break
-        if found.known <= DICT_ROWS:
-            found._dict = index
+                chunks.append(b"".join(digest for (digest,) in batch))
+        stored = b"".join(chunks)
+        del chunks
+        if len(stored) <= DICT_ROWS * DIGEST_SIZE:
+            found.known = len(stored) // DIGEST_SIZE
+            found._dict = {
+                stored[at : at + DIGEST_SIZE]: at // DIGEST_SIZE
+                for at in range(0, len(stored), DIGEST_SIZE)
+            }
             return found
-        del index
-        found.known = 0
+        del stored
         with raw.cursor(name="line_digests_sorted", binary=True) as cursor:
             cursor.execute(_SORTED, {"run_id": run_id})
             while batch := cursor.fetchmany(FETCH):
