@@ -381,7 +381,7 @@ class ObservationStager:
         session: Session,
         *,
         batch_size: int = BATCH_SIZE,
-        merge_batch: int = MERGE_BATCH,
+        merge_batch: int | None = None,
         merge_early: bool = True,
         run_id: str | None = None,
         source: Source | None = None,
@@ -418,7 +418,7 @@ class ObservationStager:
             self._direct = _DirectCopy(self.conn, source)
         self._early: _EarlyMerge | None = None
         self._payloads: list[str] = []  # the payloads of the batch, when merged early
-        self._merge_batch = merge_batch
+        self._merge_batch = merge_batch or MERGE_BATCH
         # the stored digests of parsed records' keys that known lines may name, by index
         self._named = array("i")
         self.merged_early = False  # whether the early merge stood (see _EarlyMerge)
@@ -536,6 +536,7 @@ class ObservationStager:
         if early is not None:
             early.abort(exc)
             early.keys.close()
+        self.close()  # the payload spool too
 
     def _finish_early(self) -> UpsertCounts | None:
         """End the early merge: its counts when it stands, or None when it was undone and its

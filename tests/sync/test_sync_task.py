@@ -6,13 +6,14 @@ import itertools
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from flask import Flask
 from sqlalchemy import Engine, func, select, text
 
 from simulator import CloudState
-from sync import failures, store, sweeper, tasks
+from sync import failures, staging, store, sweeper, tasks
 from sync.bootstrap import Services
 from sync.identity import observation_key
 from sync.models import MaintenanceRun, Observation, Run
@@ -306,6 +307,44 @@ def test_a_cut_download_writes_nothing_and_the_retry_completes(
     cloud.clear_faults()
     result = tasks.run_sync(at_time(services, task.next_attempt_at + timedelta(seconds=1)), key)
     assert result.outcome == "committed"
+    assert observation_count(services) == 500
+
+
+def test_a_later_sync_cut_mid_stream_undoes_what_it_merged_and_the_retry_completes(
+    web: Flask, services: Services, cloud: CloudState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A later sync of a run merges its records while they download; a download cut after
+    several batches went in rolls all of them back with the import, and the next attempt
+    imports everything."""
+    notify(web, _finished_job(cloud, n=100))
+    drain(services)
+    o = Observation.__table__.c
+    with services.uow.begin() as session:
+        before = session.execute(select(o.observation_key, o.payload_hash)).all()
+    monkeypatch.setattr(staging, "MERGE_BATCH", 20)
+    sent: list[int] = []
+    real_send = staging._EarlyMerge.send
+
+    def counted(self: staging._EarlyMerge, rows: list[Any], payloads: list[str]) -> None:
+        sent.append(len(rows))
+        real_send(self, rows, payloads)
+
+    monkeypatch.setattr(staging._EarlyMerge, "send", counted)
+    job_id = _finished_job(cloud, n=500)  # the same run: a hundred keys stored, 400 new
+    cloud.inject_fault("cut", path_contains=f"{job_id}/json", times=10, after_bytes=20_000)
+    notify(web, job_id)
+    drain(services)
+    key = f"job-{job_id}"
+    task = task_of(services, key)
+    assert (task.state, task.last_error_class) == ("retry_wait", "DownloadIncompleteError")
+    assert len(sent) >= 2  # batches had gone in before the cut
+    with services.uow.begin() as session:
+        assert session.execute(select(o.observation_key, o.payload_hash)).all() == before
+    cloud.clear_faults()
+    result = tasks.run_sync(at_time(services, task.next_attempt_at + timedelta(seconds=1)), key)
+    assert result.outcome == "committed"
+    assert result.counts is not None
+    assert (result.counts.inserted, result.counts.unchanged) == (400, 100)
     assert observation_count(services) == 500
 
 
