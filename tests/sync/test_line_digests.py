@@ -181,7 +181,7 @@ def test_a_run_too_large_for_a_dict_of_its_digests_knows_the_same_lines(
     """A run of more rows than a dict of digests is kept for (here 8) reads its digests again,
     sorted, into arrays, and knows the same lines as a small run does."""
     monkeypatch.setattr(line_digests, "DICT_ROWS", 8)
-    monkeypatch.setattr(line_digests, "FETCH", 3)  # the dict is given up mid-read
+    monkeypatch.setattr(line_digests, "FETCH", 3)  # the sorted read, a few rows at a time
     window = _window()
     first = [line(f"S{i}", f"{i}.00", order=i) for i in range(40)]
     _import(services, "a1", first, window=window)
