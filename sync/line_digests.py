@@ -34,20 +34,33 @@ is one hash probe (0.1 us a line at 100,000 rows). A larger run keeps them sorte
 in two arrays of 64-bit halves: 16 bytes per row, about 16 MiB for a million, where a dict would
 take 120 MiB. Which way is told by reading up to one more digest than a dict takes, concatenated
 into one value (4 MiB at most): a run found larger is read again, sorted, without ever holding
-a dict. Digests are
-uniform, so the first bits of a digest say where it lies: a table of where each leading-bits
-value starts (one entry per four rows, a byte per row) leaves a search among a few rows instead
-of the whole run (0.6 us a line at 100,000 rows). Either way the stager adds 4 bytes per row for
-the order of the last line that had each.
+a dict. Digests are uniform, so the first bits of a digest say where it lies: a table of where
+each leading-bits value starts (one entry per four rows, a byte per row) leaves a search among a
+few rows instead of the whole run (0.6 us a line at 100,000 rows). Either way the stager adds 4
+bytes per row for the order of the last line that had each.
+
+A sync reads them beside its download (:meth:`LineDigests.reading`): a thread asks PostgreSQL on
+a connection of its own (its scan of the run takes about 45 ms at 100,000 rows) while the sync
+reads up to :data:`AHEAD_CHARS` of the export ahead and digests those lines (no further once the
+run turns out too large for a dict: its sorted read takes long, and the memory would count); the
+first lookup waits for the digests, and what stopped their reading is raised there. A snapshot
+taken a moment apart from the sync's own changes nothing above: the digests are read as the sync
+starts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+import threading
 from array import array
 from bisect import bisect_left
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
+import psycopg
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 DIGEST_SIZE = 16
@@ -59,6 +72,8 @@ _STORED = (
     "SELECT line_digest FROM observations WHERE run_id = %(run_id)s AND line_digest IS NOT NULL"
 )
 _SORTED = _STORED + " ORDER BY line_digest"
+AHEAD_CHARS = 8 << 20  # of lines read ahead while the run's digests are read
+T = TypeVar("T")
 _FIRST = f"SELECT string_agg(line_digest, ''::bytea) FROM ({_STORED} LIMIT %(most)s) AS d"  # noqa: S608 - constant SQL
 
 
@@ -72,6 +87,12 @@ class LineDigests:
         self._starts = array("I", [0, 0])  # per leading-bits value, its first index
         self._shift = 64  # the leading bits of a high half: high >> shift
         self._dict: dict[bytes, int] | None = None  # digest -> index, for a small run
+        self._stored: bytes | None = None  # a small run's digests, read, not yet a dict
+        self._done: threading.Event | None = None  # set once a reading apart has ended
+        self._failure: BaseException | None = None  # what stopped it
+        self._ahead: deque[tuple[str, bytes]] = deque()  # lines digested while it went on
+        self._large = False  # the run turned out too large for a dict
+        self._apart: tuple[Engine, str] | None = None  # where a reading apart reads
         self.known = 0
         self.last = b""  # the digest of the last line asked about
 
@@ -94,49 +115,147 @@ class LineDigests:
 
     @classmethod
     def of_run(cls, session: Session, rules: str, run_id: str) -> LineDigests:
-        """The digests the run's rows hold (PostgreSQL; none elsewhere), read a batch at a
-        time in binary: into a dict while they are few, else sorted into the two arrays, so
-        that no more than either is ever held."""
+        """The digests the run's rows hold (PostgreSQL; none elsewhere), read on the session's
+        connection."""
         found = cls(rules)
         conn = session.connection()
-        if conn.dialect.name != "postgresql":
-            return found
-        raw = conn.connection.driver_connection
-        assert raw is not None
-        # no more than DICT_ROWS + 1 digests first, concatenated by PostgreSQL into one value
-        # (16 bytes each; no row to convert one by one): as many as that takes tells which way
-        # they are kept, and a larger run has held no dict
+        if conn.dialect.name == "postgresql":
+            raw = conn.connection.driver_connection
+            assert raw is not None
+            if not found._read_first(raw, run_id):
+                found._read_sorted(raw, run_id)
+            found._take()
+        return found
+
+    @classmethod
+    def reading(cls, engine: Engine, rules: str, run_id: str) -> LineDigests:
+        """The digests the run's rows hold (PostgreSQL; none elsewhere), read by a thread on a
+        connection of its own while the caller goes on: the first lookup waits for them, and
+        :meth:`ahead` digests the lines that come meanwhile. (A run too large for a dict is
+        read sorted by that lookup, in the caller's thread, whose memory it then reuses.)"""
+        found = cls(rules)
+        if engine.dialect.name == "postgresql":
+            found._done = threading.Event()
+            found._apart = (engine, run_id)
+            threading.Thread(target=found._read_apart, name="line-digests", daemon=True).start()
+        return found
+
+    def _read_apart(self) -> None:
+        assert self._done is not None
+        assert self._apart is not None
+        engine, run_id = self._apart
+        try:
+            with engine.connect() as conn:
+                raw = conn.connection.driver_connection
+                assert raw is not None
+                self._read_first(raw, run_id)
+        except BaseException as exc:  # raised in the caller's thread, by the lookup that waits
+            self._failure = exc
+        finally:
+            self._done.set()
+
+    def _read_first(self, raw: psycopg.Connection[Any], run_id: str) -> bool:
+        """Read no more than DICT_ROWS + 1 of the run's digests, concatenated by PostgreSQL into
+        one value (16 bytes each; no row to convert one by one): whether that was all of them,
+        kept for a dict; if not, the run is too large for one, and is read sorted."""
         with raw.cursor(binary=True) as cursor:
             cursor.execute(_FIRST, {"run_id": run_id, "most": DICT_ROWS + 1})
             row = cursor.fetchone()
         stored = bytes(row[0]) if row is not None and row[0] is not None else b""
         if len(stored) <= DICT_ROWS * DIGEST_SIZE:
-            found.known = len(stored) // DIGEST_SIZE
-            found._dict = {
-                stored[at : at + DIGEST_SIZE]: at // DIGEST_SIZE
-                for at in range(0, len(stored), DIGEST_SIZE)
-            }
-            return found
-        del stored
+            self._stored = stored  # made a dict by _take, in the thread that looks lines up
+            return True
+        self._large = True  # reading ahead stops: the sorted read takes long, and memory counts
+        return False
+
+    def _read_sorted(self, raw: psycopg.Connection[Any], run_id: str) -> None:
+        """Read a large run's digests sorted, a batch at a time, into the two arrays."""
         with raw.cursor(name="line_digests_sorted", binary=True) as cursor:
             cursor.execute(_SORTED, {"run_id": run_id})
             while batch := cursor.fetchmany(FETCH):
-                found._add_sorted(b"".join(digest for (digest,) in batch))
-        found._index()
-        return found
+                self._add_sorted(b"".join(digest for (digest,) in batch))
+        self._index()
+
+    def _take(self) -> None:
+        """Make the dict of the digests read for a small run."""
+        stored, self._stored = self._stored, None
+        if stored is not None:
+            self.known = len(stored) // DIGEST_SIZE
+            self._dict = {
+                stored[at : at + DIGEST_SIZE]: at // DIGEST_SIZE
+                for at in range(0, len(stored), DIGEST_SIZE)
+            }
+
+    @property
+    def pending(self) -> bool:
+        """Whether the run's digests are still being read."""
+        return self._done is not None
+
+    def wait(self) -> None:
+        """Wait until the run's digests are read (raise what stopped the reading)."""
+        done = self._done
+        if done is None:
+            return
+        done.wait()
+        self._done = None
+        if self._failure is not None:
+            raise self._failure
+        if self._large and self._apart is not None:
+            engine, run_id = self._apart
+            with engine.connect() as conn:
+                raw = conn.connection.driver_connection
+                assert raw is not None
+                self._read_sorted(raw, run_id)
+        self._take()
+
+    def ahead(self, blocks: Iterable[list[T]]) -> Iterator[list[T]]:
+        """The blocks of lines as they come; while the run's digests are still being read, up
+        to AHEAD_CHARS of lines are read ahead and digested, so that the download goes on
+        meanwhile (:meth:`find` takes those digests in order)."""
+        rest = iter(blocks)
+        done = self._done
+        if done is not None:
+            held: deque[list[T]] = deque()
+            size = 0
+            for block in rest:
+                held.append(block)
+                for line in block:
+                    if isinstance(line, str):
+                        self._ahead.append((line, self._digest(line)))
+                        size += len(line)
+                if size >= AHEAD_CHARS or done.is_set() or self._large:
+                    break
+            while held:
+                yield held.popleft()
+        yield from rest
+
+    def _digest(self, line: str) -> bytes:
+        h = self._rules.copy()
+        h.update(line.encode())
+        return h.digest()[:DIGEST_SIZE]
 
     def find(self, line: str) -> int:
         """The index of the stored digest the line has, or -1; its digest is kept as
-        :attr:`last` either way. (Called once per line: the digest is taken in line.)"""
-        h = self._rules.copy()
-        h.update(line.encode())
-        self.last = d = h.digest()[:DIGEST_SIZE]
+        :attr:`last` either way. (Called once per line, in order: the digest is taken in
+        line, or was taken ahead.)"""
+        if self._ahead:
+            seen, d = self._ahead.popleft()
+            if seen is not line:  # not the line that came, but what was made of it (no BOM)
+                d = self._digest(line)
+        else:
+            h = self._rules.copy()
+            h.update(line.encode())
+            d = h.digest()[:DIGEST_SIZE]
+        self.last = d
+        if self._done is not None:
+            self.wait()
         if self._dict is not None:
             return self._dict.get(d, -1)
         return self.index_of(d) if self.known else -1
 
     def index_of(self, digest: bytes) -> int:
         """The index of a digest among the stored ones, or -1."""
+        self.wait()
         if self._dict is not None:
             return self._dict.get(digest, -1)
         hi, known = self._high, self.known

@@ -424,9 +424,14 @@ class ObservationStager:
         self.merged_early = False  # whether the early merge stood (see _EarlyMerge)
         if self.keys_first and merge_early and source is not None:
             self._early = _EarlyMerge(self.conn, source, self._note_stored)
-        self._lines = lines if self.keys_first and lines is not None and lines.known else None
+        self._lines = (
+            lines
+            if self.keys_first and lines is not None and (lines.pending or lines.known)
+            else None
+        )
         # per stored digest: the order of the last line that had it (0: none did)
-        self._last_known = array("i", [0]) * (self._lines.known if self._lines else 0)
+        # (made at the first known line: the run's digests may still be being read till then)
+        self._last_known = array("i")
         self._known_lines = 0  # lines counted as known rows
         self._known_again = 0  # of them, lines that a line before them had already named
 
@@ -471,6 +476,8 @@ class ObservationStager:
         indexes (as the ``lines`` given say), without staging them."""
         assert self._lines is not None, "known lines are counted only when given"
         last, count, again = self._last_known, self.count, 0
+        if not last:
+            last = self._last_known = array("i", [0]) * self._lines.known
         for index in indexes:
             count += 1
             if last[index]:
@@ -548,7 +555,8 @@ class ObservationStager:
             why = None if early.finish() else early.failed
             if why is None and self.conn.exec_driver_sql(_DUPLICATES).scalar_one():
                 why = "duplicate_key"
-            if why is None and any(self._last_known[i] for i in self._named):
+            last = self._last_known
+            if why is None and last and any(last[i] for i in self._named):
                 why = "known_line_key"
             if why is not None:
                 early.undo(why)
@@ -766,7 +774,7 @@ class ObservationStager:
         if lines is None:
             return 0
         index = lines.index_of(bytes(digest))
-        return self._last_known[index] if index >= 0 else 0
+        return self._last_known[index] if index >= 0 and self._last_known else 0
 
     def _stage_known_keys(self, run_id: str) -> int:
         """Stage the known lines whose key a parsed record has too (as the row they name, with

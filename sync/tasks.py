@@ -317,7 +317,7 @@ def _import(
             known = (
                 LineDigests(rules)
                 if target.frozen_partitions
-                else LineDigests.of_run(session, rules, target.run_id)
+                else LineDigests.reading(services.uow.engine, rules, target.run_id)
             )
             stager = staging.ObservationStager(
                 session, run_id=target.run_id, source=source, lines=known
@@ -326,7 +326,9 @@ def _import(
                 known = LineDigests(rules)
             read = records.stage_export(
                 stager,
-                cloud.iter_export(job.id, itertools.chain.from_iterable(blocks), known=known.find),
+                cloud.iter_export(
+                    job.id, itertools.chain.from_iterable(known.ahead(blocks)), known=known.find
+                ),
                 RecordIdentity(dataset, target.window),
                 frozen=target.frozen_partitions,
                 max_record_bytes=settings.max_record_bytes,

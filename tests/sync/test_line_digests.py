@@ -4,6 +4,7 @@ them unchanged without parsing them, and stores and counts exactly what a full i
 from __future__ import annotations
 
 import itertools
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,8 +58,9 @@ def _import(
     max_record_bytes: int = 1 << 20,
 ) -> tuple[UpsertCounts, ExportRead, int]:
     """Import ``lines`` into the run of ``window`` as a sync does (``known``: with the run's
-    stored line digests, merged two records at a time while they are read; else in full,
-    merged after the download); (counts, what was read, how many records were parsed)."""
+    stored line digests, read beside the download, merged two records at a time while they are
+    read; else in full, merged after the download); (counts, what was read, how many records
+    were parsed)."""
     dataset = services.datasets.get("products")
     run_id = f"run-{window}"
     rules = read_rules(
@@ -72,13 +74,18 @@ def _import(
     identify = CountingIdentity(dataset, window)
     source = Source("products", run_id, window, 1, attempt, NOW)
     with services.uow.begin() as session:
-        digests = LineDigests.of_run(session, rules, run_id) if known else LineDigests(rules)
+        digests = (
+            LineDigests.reading(services.uow.engine, rules, run_id) if known else LineDigests(rules)
+        )
         stager = ObservationStager(  # the full import is the merge after the download
             session, run_id=run_id, source=source, lines=digests, merge_early=known, merge_batch=2
         )
         if not stager.knows_lines:
             digests = LineDigests(rules)
-        records = CloudClient(token="line-digests-test").iter_export(1, lines, known=digests.find)
+        blocks = [lines[at : at + 2] for at in range(0, len(lines), 2)]  # as a download has them
+        records = CloudClient(token="line-digests-test").iter_export(
+            1, itertools.chain.from_iterable(digests.ahead(blocks)), known=digests.find
+        )
         read = stage_export(
             stager,
             records,
@@ -173,6 +180,67 @@ def test_known_lines_come_in_runs_in_their_place_among_the_records(
         (5, orjson.loads(d)),
         (7, KnownLines([4, 5])),
     ]
+
+
+def test_lines_that_come_while_the_digests_are_read_are_digested_ahead_and_known_alike(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While the run's digests are still being read the download goes on: lines are read
+    ahead and digested (up to AHEAD_CHARS, here 300), and once the digests come the same lines
+    are known as when the digests came first, a first line's byte order mark cut or not."""
+    window = _window()
+    first = [line(f"S{i}", "1.00", order=i) for i in range(8)]
+    _import(services, "a1", first, window=window)
+    rules = read_rules(
+        services.datasets.get("products"),
+        run_id=f"run-{window}",
+        window=window,
+        frozen=(),
+        max_record_bytes=1 << 20,
+        max_line_bytes=1 << 20,
+    )
+    export = ["\ufeff" + first[0], *first[1:4], line("N", "2.00"), *first[4:]]
+    with services.uow.begin() as session:
+        reference = LineDigests.of_run(session, rules, f"run-{window}")
+    want = list(CloudClient(token="t").iter_export(1, export, known=reference.find))
+
+    release = threading.Event()
+    real_read = LineDigests._read_first
+
+    def slow_read(self: LineDigests, raw: Any, run_id: str) -> bool:
+        assert release.wait(30)
+        return real_read(self, raw, run_id)
+
+    monkeypatch.setattr(LineDigests, "_read_first", slow_read)
+    monkeypatch.setattr(line_digests, "AHEAD_CHARS", 300)
+    digests = LineDigests.reading(services.uow.engine, rules, f"run-{window}")
+    blocks = digests.ahead([[text] for text in export])
+    head = next(blocks)  # handed on while the digests are still being read
+    assert digests.pending
+    assert 0 < len(digests._ahead) < len(export)  # digested ahead, no further than allowed
+    release.set()
+    got = list(
+        CloudClient(token="t").iter_export(
+            1, itertools.chain(head, itertools.chain.from_iterable(blocks)), known=digests.find
+        )
+    )
+    assert got == want
+    assert [type(item).__name__ for _, item in got] == ["KnownLines", "dict", "KnownLines"]
+
+
+def test_digests_that_cannot_be_read_fail_the_lookup_that_waits_for_them(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What stops the reading of the run's digests (the database gone, here a stand-in) is
+    raised where the import looks a line up, so the sync fails as it would reading them."""
+
+    def broken(self: LineDigests, raw: Any, run_id: str) -> bool:
+        raise RuntimeError("the database went away")
+
+    monkeypatch.setattr(LineDigests, "_read_first", broken)
+    digests = LineDigests.reading(services.uow.engine, "rules", "run-x")
+    with pytest.raises(RuntimeError, match="went away"):
+        digests.find(line("A", "1"))
 
 
 def test_a_run_too_large_for_a_dict_of_its_digests_knows_the_same_lines(
