@@ -193,36 +193,36 @@ class _DirectCopy:
 
 
 # One statement per batch of parsed records, sent while the export downloads (see _EarlyMerge):
-# their keys staged for the duplicate check, the stored digests of their keys returned for the
-# known-line check, changed rows updated, new keys inserted; a key stored outside the run looks
-# new, and the insert's unique key undoes the early merge.
+# their stored rows looked up once (by key, in the run); their keys staged for the duplicate
+# check; the stored digests of their keys returned for the known-line check; changed rows
+# updated (the hash compared again on the row as it is when locked), new keys inserted. A key
+# stored outside the run looks new, and the insert's unique key undoes the early merge.
 _EARLY = (
     "WITH k AS (SELECT * FROM unnest(%(ord)b::integer[], %(key)b::text[], "  # noqa: S608 - constant SQL
     "%(entity)b::text[], "
     "%(partition)b::text[], %(start_url)b::text[], %(payload)b::text[], %(hash)b::text[], "
     "%(digest)b::bytea[]) AS k(ord, observation_key, entity_key, partition, start_url, payload, "
     "payload_hash, line_digest)), "
+    "s AS MATERIALIZED (SELECT k.*, o.id AS stored_id, o.payload_hash AS stored_hash, "
+    "o.line_digest AS stored_digest FROM k LEFT JOIN observations o "
+    "ON o.observation_key = k.observation_key AND o.run_id = %(run_id)s), "
     f"staged AS (INSERT INTO obs_staging ({_KEY_COLUMNS}) SELECT {_KEY_COLUMNS} FROM k), "
-    "stored AS (SELECT o.line_digest FROM k JOIN observations o "
-    "ON o.observation_key = k.observation_key AND o.run_id = %(run_id)s "
-    "WHERE o.line_digest IS NOT NULL), "
-    "changed AS (UPDATE observations o SET payload = CAST(k.payload AS jsonb), "
-    "payload_hash = k.payload_hash, line_digest = k.line_digest, partition = k.partition, "
-    "start_url = k.start_url, entity_key = k.entity_key, source_job_id = %(job_id)s, "
+    "changed AS (UPDATE observations o SET payload = CAST(s.payload AS jsonb), "
+    "payload_hash = s.payload_hash, line_digest = s.line_digest, partition = s.partition, "
+    "start_url = s.start_url, entity_key = s.entity_key, source_job_id = %(job_id)s, "
     "source_attempt_id = %(attempt_id)s, "
-    f"validation_state = '{ValidationState.PENDING}', last_changed_at = %(now)s FROM k "
-    "WHERE o.observation_key = k.observation_key AND o.run_id = %(run_id)s "
-    "AND o.payload_hash <> k.payload_hash RETURNING 1), "
+    f"validation_state = '{ValidationState.PENDING}', last_changed_at = %(now)s FROM s "
+    "WHERE o.id = s.stored_id AND s.stored_hash <> s.payload_hash "
+    "AND o.payload_hash <> s.payload_hash RETURNING 1), "
     "new AS (INSERT INTO observations (observation_key, dataset, entity_key, run_id, "
     "collection_window, partition, start_url, payload, payload_hash, line_digest, "
     "source_job_id, source_attempt_id, validation_state, first_seen_at, last_changed_at) "
-    "SELECT k.observation_key, %(dataset)s, k.entity_key, %(run_id)s, %(window)s, k.partition, "
-    "k.start_url, CAST(k.payload AS jsonb), k.payload_hash, k.line_digest, %(job_id)s, "
-    f"%(attempt_id)s, '{ValidationState.PENDING}', %(now)s, %(now)s FROM k "
-    "WHERE NOT EXISTS (SELECT 1 FROM observations o "
-    "WHERE o.observation_key = k.observation_key AND o.run_id = %(run_id)s) RETURNING 1) "
+    "SELECT s.observation_key, %(dataset)s, s.entity_key, %(run_id)s, %(window)s, s.partition, "
+    "s.start_url, CAST(s.payload AS jsonb), s.payload_hash, s.line_digest, %(job_id)s, "
+    f"%(attempt_id)s, '{ValidationState.PENDING}', %(now)s, %(now)s FROM s "
+    "WHERE s.stored_id IS NULL RETURNING 1) "
     "SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM new), "
-    "ARRAY(SELECT line_digest FROM stored)"
+    "ARRAY(SELECT stored_digest FROM s WHERE stored_digest IS NOT NULL)"
 )
 
 
