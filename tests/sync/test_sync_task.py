@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -297,17 +298,27 @@ def test_a_cut_download_writes_nothing_and_the_retry_completes(
 ) -> None:
     """A download cut mid-stream rolls the whole import back; the next attempt imports all."""
     job_id = _finished_job(cloud, n=500)
+    _cut_then_retried(web, services, cloud, job_id, lambda: observation_count(services) == 0)
+    assert observation_count(services) == 500
+
+
+def _cut_then_retried(
+    web: Flask, services: Services, cloud: CloudState, job_id: int, meanwhile: Callable[[], bool]
+) -> tasks.SyncResult:
+    """Notify the job and sync it with its download cut mid-stream (the task waits to retry,
+    and ``meanwhile()`` holds); then, the fault gone, sync it once it is due: that result,
+    committed."""
     cloud.inject_fault("cut", path_contains=f"{job_id}/json", times=10, after_bytes=20_000)
     notify(web, job_id)
     drain(services)
     key = f"job-{job_id}"
     task = task_of(services, key)
     assert (task.state, task.last_error_class) == ("retry_wait", "DownloadIncompleteError")
-    assert observation_count(services) == 0
+    assert meanwhile()
     cloud.clear_faults()
     result = tasks.run_sync(at_time(services, task.next_attempt_at + timedelta(seconds=1)), key)
     assert result.outcome == "committed"
-    assert observation_count(services) == 500
+    return result
 
 
 def test_a_later_sync_cut_mid_stream_undoes_what_it_merged_and_the_retry_completes(
@@ -330,19 +341,14 @@ def test_a_later_sync_cut_mid_stream_undoes_what_it_merged_and_the_retry_complet
         real_send(self, rows, payloads)
 
     monkeypatch.setattr(staging._EarlyMerge, "send", counted)
+
+    def nothing_kept() -> bool:
+        assert len(sent) >= 2  # batches had gone in before the cut
+        with services.uow.begin() as session:
+            return session.execute(select(o.observation_key, o.payload_hash)).all() == before
+
     job_id = _finished_job(cloud, n=500)  # the same run: a hundred keys stored, 400 new
-    cloud.inject_fault("cut", path_contains=f"{job_id}/json", times=10, after_bytes=20_000)
-    notify(web, job_id)
-    drain(services)
-    key = f"job-{job_id}"
-    task = task_of(services, key)
-    assert (task.state, task.last_error_class) == ("retry_wait", "DownloadIncompleteError")
-    assert len(sent) >= 2  # batches had gone in before the cut
-    with services.uow.begin() as session:
-        assert session.execute(select(o.observation_key, o.payload_hash)).all() == before
-    cloud.clear_faults()
-    result = tasks.run_sync(at_time(services, task.next_attempt_at + timedelta(seconds=1)), key)
-    assert result.outcome == "committed"
+    result = _cut_then_retried(web, services, cloud, job_id, nothing_kept)
     assert result.counts is not None
     assert (result.counts.inserted, result.counts.unchanged) == (400, 100)
     assert observation_count(services) == 500
@@ -781,39 +787,10 @@ def test_a_sync_that_races_another_writer_for_new_keys_still_writes_each_once(
     the sync waits for it, takes that row as it is by then, and commits every record once."""
     job_id = _finished_job(cloud, n=10)
     notify(web, job_id)
-    with services.cloud() as client:
-        target = tasks.resolve_target(services, client.get_job(job_id))
-    raced = observation_key(target.dataset.name, target.window, "SKU-000000")
-    engine = services.uow.engine
-    with engine.connect() as other:
-        other.execute(
-            text(
-                "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "
-                "collection_window, payload, payload_hash, source_job_id, source_attempt_id, "
-                "validation_state, first_seen_at, last_changed_at) VALUES (:key, 'products', "
-                "'SKU-000000', :run, :window, '{}', 'other', 1, 'other', 'pending', now(), now())"
-            ),
-            {"key": raced, "run": target.run_id, "window": target.window},
-        )  # not committed yet: the sync's insert of this key has to wait for it
-        results: list[tasks.SyncResult] = []
-        worker = threading.Thread(target=lambda: results.append(drain_one(services, job_id)))
-        worker.start()
-        deadline = time.monotonic() + 60
-        while not _someone_waits_for_a_lock(engine):
-            assert time.monotonic() < deadline, "the sync never reached the raced key"
-            time.sleep(0.05)
-        other.commit()
-    worker.join()
-    (result,) = results
-    assert result.outcome == "committed"
+    result = _race_for_a_new_key(services, job_id, "SKU-000000")
     assert result.counts is not None
     assert (result.counts.inserted, result.counts.updated) == (9, 1)
     assert observation_count(services) == 10
-    with services.uow.begin() as session:
-        row = session.execute(
-            select(Observation.payload_hash).where(Observation.observation_key == raced)
-        ).scalar_one()
-    assert row != "other"
 
 
 @pytest.mark.postgres
@@ -828,9 +805,22 @@ def test_a_later_sync_that_races_another_writer_for_a_new_key_still_writes_each_
     drain(services)
     job_id = _finished_job(cloud, n=15)  # the same run: ten keys stored, five new
     notify(web, job_id)
+    with caplog.at_level("INFO", logger="scrapesync.staging"):
+        result = _race_for_a_new_key(services, job_id, "SKU-000012")
+    (undone,) = [r for r in caplog.records if r.getMessage() == "staging.early_merge_undone"]
+    assert undone.reason == "UniqueViolation"  # type: ignore[attr-defined]
+    assert result.counts is not None
+    assert (result.counts.inserted, result.counts.updated, result.counts.unchanged) == (4, 1, 10)
+    assert observation_count(services) == 15
+
+
+def _race_for_a_new_key(services: Services, job_id: int, sku: str) -> tasks.SyncResult:
+    """Sync the job while another transaction holds an uncommitted row of ``sku``'s key, and
+    commit that row once the sync waits for it; the sync's result, checked committed and with
+    the raced row rewritten from the export."""
     with services.cloud() as client:
         target = tasks.resolve_target(services, client.get_job(job_id))
-    raced = observation_key(target.dataset.name, target.window, "SKU-000012")
+    raced = observation_key(target.dataset.name, target.window, sku)
     engine = services.uow.engine
     with engine.connect() as other:
         other.execute(
@@ -838,32 +828,27 @@ def test_a_later_sync_that_races_another_writer_for_a_new_key_still_writes_each_
                 "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "
                 "collection_window, payload, payload_hash, source_job_id, source_attempt_id, "
                 "validation_state, first_seen_at, last_changed_at) VALUES (:key, 'products', "
-                "'SKU-000012', :run, :window, '{}', 'other', 1, 'other', 'pending', now(), now())"
+                ":sku, :run, :window, '{}', 'other', 1, 'other', 'pending', now(), now())"
             ),
-            {"key": raced, "run": target.run_id, "window": target.window},
+            {"key": raced, "sku": sku, "run": target.run_id, "window": target.window},
         )  # not committed yet: the sync's insert of this key has to wait for it
         results: list[tasks.SyncResult] = []
         worker = threading.Thread(target=lambda: results.append(drain_one(services, job_id)))
-        with caplog.at_level("INFO", logger="scrapesync.staging"):
-            worker.start()
-            deadline = time.monotonic() + 60
-            while not _someone_waits_for_a_lock(engine):
-                assert time.monotonic() < deadline, "the sync never reached the raced key"
-                time.sleep(0.05)
-            other.commit()
-            worker.join()
-    (undone,) = [r for r in caplog.records if r.getMessage() == "staging.early_merge_undone"]
-    assert undone.reason == "UniqueViolation"  # type: ignore[attr-defined]
+        worker.start()
+        deadline = time.monotonic() + 60
+        while not _someone_waits_for_a_lock(engine):
+            assert time.monotonic() < deadline, "the sync never reached the raced key"
+            time.sleep(0.05)
+        other.commit()
+        worker.join()
     (result,) = results
     assert result.outcome == "committed"
-    assert result.counts is not None
-    assert (result.counts.inserted, result.counts.updated, result.counts.unchanged) == (4, 1, 10)
-    assert observation_count(services) == 15
     with services.uow.begin() as session:
         row = session.execute(
             select(Observation.payload_hash).where(Observation.observation_key == raced)
         ).scalar_one()
     assert row != "other"
+    return result
 
 
 def drain_one(services: Services, job_id: int) -> tasks.SyncResult:
