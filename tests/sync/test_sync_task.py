@@ -321,6 +321,7 @@ def _cut_then_retried(
     return result
 
 
+@pytest.mark.postgres
 def test_a_later_sync_cut_mid_stream_undoes_what_it_merged_and_the_retry_completes(
     web: Flask, services: Services, cloud: CloudState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
