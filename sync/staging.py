@@ -424,16 +424,20 @@ class ObservationStager:
         self.merged_early = False  # whether the early merge stood (see _EarlyMerge)
         if self.keys_first and merge_early and source is not None:
             self._early = _EarlyMerge(self.conn, source, self._note_stored)
-        self._lines = (
-            lines
-            if self.keys_first and lines is not None and (lines.pending or lines.known)
-            else None
-        )
+        self._lines: LineDigests | None = None
         # per stored digest: the order of the last line that had it (0: none did)
         # (made at the first known line: the run's digests may still be being read till then)
         self._last_known = array("i")
         self._known_lines = 0  # lines counted as known rows
         self._known_again = 0  # of them, lines that a line before them had already named
+        if lines is not None:
+            self.know(lines)
+
+    def know(self, lines: LineDigests) -> None:
+        """Count the lines that these digests know as the run's rows (keys first only; before
+        the first record), instead of staging them."""
+        if self.keys_first and (lines.pending or lines.known):
+            self._lines = lines
 
     def add(self, staged: Identified, line_digest: bytes | None = None) -> None:
         """Stage one record: its values as :class:`RecordIdentity` gives them, and the digest of

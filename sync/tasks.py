@@ -312,18 +312,13 @@ def _import(
                 attempt_id=lease.attempt_id,
                 now=services.clock(),
             )
-            # lines a row of the run was written from are known unchanged without parsing; a
-            # recovery batch, which sets frozen partitions' records aside, reads every line
-            known = (
-                LineDigests(rules)
-                if target.frozen_partitions
-                else LineDigests.reading(services.uow.engine, rules, target.run_id)
-            )
-            stager = staging.ObservationStager(
-                session, run_id=target.run_id, source=source, lines=known
-            )
-            if not stager.knows_lines:  # every line is parsed, and digested to be stored
-                known = LineDigests(rules)
+            stager = staging.ObservationStager(session, run_id=target.run_id, source=source)
+            known = LineDigests(rules)  # every line is parsed, and digested to be stored, but:
+            if stager.keys_first and not target.frozen_partitions:
+                # lines a row of the run was written from are known unchanged without parsing
+                # (a recovery batch, which sets frozen partitions' records aside, reads all)
+                known = LineDigests.reading(services.uow.engine, rules, target.run_id)
+                stager.know(known)
             read = records.stage_export(
                 stager,
                 cloud.iter_export(

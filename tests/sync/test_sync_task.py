@@ -17,6 +17,7 @@ from simulator import CloudState
 from sync import failures, staging, store, sweeper, tasks
 from sync.bootstrap import Services
 from sync.identity import observation_key
+from sync.line_digests import LineDigests
 from sync.models import MaintenanceRun, Observation, Run
 from sync.queue import RQDispatcher
 from tests.harness import (
@@ -813,6 +814,31 @@ def test_a_later_sync_that_races_another_writer_for_a_new_key_still_writes_each_
     assert result.counts is not None
     assert (result.counts.inserted, result.counts.updated, result.counts.unchanged) == (4, 1, 10)
     assert observation_count(services) == 15
+
+
+@pytest.mark.postgres
+def test_only_a_later_sync_of_a_run_reads_the_runs_line_digests(
+    web: Flask, services: Services, cloud: CloudState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's first sync has no stored lines to know, so it asks for none; a later sync of the
+    run reads them and parses only the lines it does not know."""
+    read: list[str] = []
+    real = LineDigests.reading.__func__  # type: ignore[attr-defined]
+
+    def counted(cls: type[LineDigests], engine: Any, rules: str, run_id: str) -> LineDigests:
+        read.append(run_id)
+        return real(cls, engine, rules, run_id)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(LineDigests, "reading", classmethod(counted))
+    notify(web, _finished_job(cloud, n=10))
+    drain(services)
+    assert read == []
+    job_id = _finished_job(cloud, n=10)  # the same run, the same records
+    notify(web, job_id)
+    result = drain_one(services, job_id)
+    assert len(read) == 1
+    assert result.counts is not None
+    assert (result.counts.inserted, result.counts.updated, result.counts.unchanged) == (0, 0, 10)
 
 
 def _race_for_a_new_key(services: Services, job_id: int, sku: str) -> tasks.SyncResult:
