@@ -61,7 +61,6 @@ from typing import Any, TypeVar
 
 import psycopg
 from sqlalchemy import Engine
-from sqlalchemy.orm import Session
 
 DIGEST_SIZE = 16
 FETCH = 8192  # digests read per round trip
@@ -112,20 +111,6 @@ class LineDigests:
         self._shift = shift = 64 - bits
         self._starts = array("I", (bisect_left(high, b << shift) for b in range(1 << bits)))
         self._starts.append(known)
-
-    @classmethod
-    def of_run(cls, session: Session, rules: str, run_id: str) -> LineDigests:
-        """The digests the run's rows hold (PostgreSQL; none elsewhere), read on the session's
-        connection."""
-        found = cls(rules)
-        conn = session.connection()
-        if conn.dialect.name == "postgresql":
-            raw = conn.connection.driver_connection
-            assert raw is not None
-            if not found._read_first(raw, run_id):
-                found._read_sorted(raw, run_id)
-            found._take()
-        return found
 
     @classmethod
     def reading(cls, engine: Engine, rules: str, run_id: str) -> LineDigests:
@@ -238,14 +223,13 @@ class LineDigests:
         """The index of the stored digest the line has, or -1; its digest is kept as
         :attr:`last` either way. (Called once per line, in order: the digest is taken in
         line, or was taken ahead.)"""
+        d = None
         if self._ahead:
             seen, d = self._ahead.popleft()
             if seen is not line:  # not the line that came, but what was made of it (no BOM)
-                d = self._digest(line)
-        else:
-            h = self._rules.copy()
-            h.update(line.encode())
-            d = h.digest()[:DIGEST_SIZE]
+                d = None
+        if d is None:
+            d = self._digest(line)
         self.last = d
         if self._done is not None:
             self.wait()

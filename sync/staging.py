@@ -559,8 +559,7 @@ class ObservationStager:
             why = None if early.finish() else early.failed
             if why is None and self.conn.exec_driver_sql(_DUPLICATES).scalar_one():
                 why = "duplicate_key"
-            last = self._last_known
-            if why is None and last and any(last[i] for i in self._named):
+            if why is None and any(map(self._order_of, self._named)):
                 why = "known_line_key"
             if why is not None:
                 early.undo(why)
@@ -777,7 +776,11 @@ class ObservationStager:
         lines = self._lines
         if lines is None:
             return 0
-        index = lines.index_of(bytes(digest))
+        return self._order_of(lines.index_of(bytes(digest)))
+
+    def _order_of(self, index: int) -> int:
+        """The order of the last known line of the export that named the stored digest of this
+        index (-1: none); 0 when none did."""
         return self._last_known[index] if index >= 0 and self._last_known else 0
 
     def _stage_known_keys(self, run_id: str) -> int:

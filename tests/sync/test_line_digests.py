@@ -200,8 +200,8 @@ def test_lines_that_come_while_the_digests_are_read_are_digested_ahead_and_known
         max_line_bytes=1 << 20,
     )
     export = ["\ufeff" + first[0], *first[1:4], line("N", "2.00"), *first[4:]]
-    with services.uow.begin() as session:
-        reference = LineDigests.of_run(session, rules, f"run-{window}")
+    reference = LineDigests.reading(services.uow.engine, rules, f"run-{window}")
+    reference.wait()
     want = list(CloudClient(token="t").iter_export(1, export, known=reference.find))
 
     release = threading.Event()
