@@ -95,13 +95,20 @@ class Source:
     attempt_id: str
     now: datetime
 
+    @property
+    def stored_now(self) -> datetime:
+        """``now`` as observations store it: naive UTC."""
+        return self.now.astimezone(UTC).replace(tzinfo=None)
+
 
 _NO_DIGEST = bytes(1 + DIGEST_SIZE)
-_DIRECT = (
-    "COPY observations (observation_key, dataset, entity_key, run_id, collection_window, "
-    "partition, start_url, payload, payload_hash, line_digest, source_job_id, "
-    "source_attempt_id, validation_state, first_seen_at, last_changed_at) FROM STDIN"
+# every column a sync writes, in the order of each statement that inserts an observation
+_WRITTEN = (
+    "observation_key, dataset, entity_key, run_id, collection_window, partition, start_url, "
+    "payload, payload_hash, line_digest, source_job_id, source_attempt_id, validation_state, "
+    "first_seen_at, last_changed_at"
 )
+_DIRECT = f"COPY observations ({_WRITTEN}) FROM STDIN"
 
 
 class _DirectCopy:
@@ -116,7 +123,7 @@ class _DirectCopy:
         self._conn = conn
         self._source = source
         # stored as naive UTC; sent as text, which costs a fraction of dumping a datetime a row
-        self._now = source.now.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ")
+        self._now = source.stored_now.isoformat(sep=" ")
         raw = conn.connection.driver_connection
         assert raw is not None
         conn.exec_driver_sql("SAVEPOINT obs_direct")
@@ -214,9 +221,7 @@ _EARLY = (
     f"validation_state = '{ValidationState.PENDING}', last_changed_at = %(now)s FROM s "
     "WHERE o.id = s.stored_id AND s.stored_hash <> s.payload_hash "
     "AND o.payload_hash <> s.payload_hash RETURNING 1), "
-    "new AS (INSERT INTO observations (observation_key, dataset, entity_key, run_id, "
-    "collection_window, partition, start_url, payload, payload_hash, line_digest, "
-    "source_job_id, source_attempt_id, validation_state, first_seen_at, last_changed_at) "
+    f"new AS (INSERT INTO observations ({_WRITTEN}) "
     "SELECT s.observation_key, %(dataset)s, s.entity_key, %(run_id)s, %(window)s, s.partition, "
     "s.start_url, CAST(s.payload AS jsonb), s.payload_hash, s.line_digest, %(job_id)s, "
     f"%(attempt_id)s, '{ValidationState.PENDING}', %(now)s, %(now)s FROM s "
@@ -256,7 +261,7 @@ class _EarlyMerge:
             "job_id": source.job_id,
             "attempt_id": source.attempt_id,
             # stored as naive UTC, stamped with the sync's start as rows copied straight in are
-            "now": source.now.astimezone(UTC).replace(tzinfo=None),
+            "now": source.stored_now,
         }
         self._sent: deque[psycopg.Cursor[Any]] = deque()  # statements not yet read back
         self.keys: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the stager
@@ -653,10 +658,7 @@ class ObservationStager:
         # The conflict clause keeps a payload that another sync made the same from a rewrite.
         payload = "CAST(c.payload AS jsonb)" if self.postgres else "c.payload"
         upsert = (
-            "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "  # noqa: S608 - constant SQL
-            "collection_window, partition, start_url, payload, payload_hash, line_digest, "
-            "source_job_id, source_attempt_id, validation_state, first_seen_at, "
-            "last_changed_at) "
+            f"INSERT INTO observations ({_WRITTEN}) "  # noqa: S608 - constant SQL
             "SELECT c.observation_key, :dataset, c.entity_key, :run_id, :window, "
             f"c.partition, c.start_url, {payload}, c.payload_hash, c.line_digest, :job_id, "
             ":attempt_id, "
