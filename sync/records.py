@@ -122,8 +122,8 @@ def stage_export(
             if isinstance(item, KnownLines):
                 known(item.indexes)
                 before, read = read, read + len(item.indexes)
-                if read // 1000 != before // 1000:  # at most a thousand: one thousand passed
-                    tick(read - read % 1000)
+                for mark in range(before // 1000 + 1, read // 1000 + 1):  # each thousand passed
+                    tick(mark * 1000)
                 continue
             read += 1
             if isinstance(item, InvalidRecord):
