@@ -2,15 +2,15 @@
 so that a later import of the same run (Cloud's "Continue" of a job, a forced sync) knows the
 lines it finds again unchanged without parsing them.
 
-A line's digest is the first 16 bytes of the SHA-256 of the read rules and the line (see
+A line's digest is the first 16 bytes of the SHA-256 of the read rules (see
 :func:`sync.repeat.read_rules`: the dataset's whole definition, run, window, frozen partitions,
-size limits and the import rules' version); two lines with one digest would take about 2^64
-tries to find, so a scraped page cannot pass a change off as a known line. The same line read
-under the same rules stages the same observation key, partition, payload and payload hash, so a
-line whose digest a row of the run holds is that row's record, stored as it is: a full import
-would stage it and find it unchanged. Every write of a row sets its digest along with its
-payload (:mod:`sync.staging`); a row whose payload an import finds unchanged keeps the digest it
-had, which still names a line that stages that payload.
+size limits and the import rules' version) and the line's bytes, without its line break; two
+lines with one digest would take about 2^64 tries to find, so a scraped page cannot pass a change
+off as a known line. The same line read under the same rules stages the same observation key,
+partition, payload and payload hash, so a line whose digest a row of the run holds is that row's
+record, stored as it is: a full import would stage it and find it unchanged. Every write of a row
+sets its digest along with its payload (:mod:`sync.staging`); a row whose payload an import finds
+unchanged keeps the digest it had, which still names a line that stages that payload.
 
 What a known line does not tell is whether its key also came on another line of the export. The
 stager keeps, per stored digest, the order of the last line that had it (a line that had it again
@@ -25,8 +25,9 @@ after the other committed finds the new digest, parses its line, and writes it i
 
 Not known: the lines of a recovery batch (frozen partitions' records are set aside, not counted
 unchanged), every line on SQLite (one writer at a time stages whole rows), and lines read under
-other rules than the row's (a changed datasets file: those rows keep their digest until their
-payload next changes, and their lines are parsed meanwhile).
+other rules than the row's (a changed datasets file, or a row written by a version that took its
+digest in another form: those rows keep their digest until their payload next changes, and their
+lines are parsed meanwhile).
 
 The stored digests are read once. A run of up to :data:`DICT_ROWS` rows keeps them in a dict
 (about 120 bytes a row, 30 MiB at most), read in whatever order PostgreSQL finds them: a lookup
@@ -41,7 +42,7 @@ bytes per row for the order of the last line that had each.
 
 A sync reads them beside its download (:meth:`LineDigests.reading`): a thread asks PostgreSQL on
 a connection of its own (its scan of the run takes about 45 ms at 100,000 rows) while the sync
-reads up to :data:`AHEAD_CHARS` of the export ahead and digests those lines (no further once the
+reads up to :data:`AHEAD_BYTES` of the export ahead and digests those lines (no further once the
 run turns out too large for a dict: its sorted read takes long, and the memory would count); the
 first lookup waits for the digests, and what stopped their reading is raised there. A snapshot
 taken a moment apart from the sync's own changes nothing above: the digests are read as the sync
@@ -71,7 +72,7 @@ _STORED = (
     "SELECT line_digest FROM observations WHERE run_id = %(run_id)s AND line_digest IS NOT NULL"
 )
 _SORTED = _STORED + " ORDER BY line_digest"
-AHEAD_CHARS = 8 << 20  # of lines read ahead while the run's digests are read
+AHEAD_BYTES = 8 << 20  # of lines read ahead while the run's digests are read
 T = TypeVar("T")
 _FIRST = f"SELECT string_agg(line_digest, ''::bytea) FROM ({_STORED} LIMIT %(most)s) AS d"  # noqa: S608 - constant SQL
 
@@ -80,7 +81,9 @@ class LineDigests:
     """The digests of one import's lines under its read rules, and the run's stored ones."""
 
     def __init__(self, rules: str) -> None:
-        self._rules = hashlib.sha256(b"scrapesync lines\x1f" + rules.encode())
+        # the version keeps a digest of another form (of the line with its break, before) from
+        # ever matching
+        self._rules = hashlib.sha256(b"scrapesync lines 2\x1f" + rules.encode())
         self._high = array("Q")
         self._low = array("Q")
         self._starts = array("I", [0, 0])  # per leading-bits value, its first index
@@ -89,7 +92,7 @@ class LineDigests:
         self._stored: bytes | None = None  # a small run's digests, read, not yet a dict
         self._done: threading.Event | None = None  # set once a reading apart has ended
         self._failure: BaseException | None = None  # what stopped it
-        self._ahead: deque[tuple[str, bytes]] = deque()  # lines digested while it went on
+        self._ahead: deque[tuple[bytes, bytes]] = deque()  # lines digested while it went on
         self._large = False  # the run turned out too large for a dict
         self._apart: tuple[Engine, str] | None = None  # where a reading apart reads
         self.known = 0
@@ -195,7 +198,7 @@ class LineDigests:
 
     def ahead(self, blocks: Iterable[list[T]]) -> Iterator[list[T]]:
         """The blocks of lines as they come; while the run's digests are still being read, up
-        to AHEAD_CHARS of lines are read ahead and digested, so that the download goes on
+        to AHEAD_BYTES of lines are read ahead and digested, so that the download goes on
         meanwhile (:meth:`find` takes those digests in order)."""
         rest = iter(blocks)
         done = self._done
@@ -205,21 +208,21 @@ class LineDigests:
             for block in rest:
                 held.append(block)
                 for line in block:
-                    if isinstance(line, str):
+                    if isinstance(line, bytes):
                         self._ahead.append((line, self._digest(line)))
                         size += len(line)
-                if size >= AHEAD_CHARS or done.is_set() or self._large:
+                if size >= AHEAD_BYTES or done.is_set() or self._large:
                     break
             while held:
                 yield held.popleft()
         yield from rest
 
-    def _digest(self, line: str) -> bytes:
+    def _digest(self, line: bytes) -> bytes:
         h = self._rules.copy()
-        h.update(line.encode())
+        h.update(line)
         return h.digest()[:DIGEST_SIZE]
 
-    def find(self, line: str) -> int:
+    def find(self, line: bytes) -> int:
         """The index of the stored digest the line has, or -1; its digest is kept as
         :attr:`last` either way. (Called once per line, in order: the digest is taken in
         line, or was taken ahead.)"""

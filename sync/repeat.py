@@ -37,7 +37,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
-from sync.cloud.download import SkippedLine
+from sync.cloud.download import Line
 from sync.db import planner_method_off
 from sync.models import Attempt, Observation
 from sync.staging import UpsertCounts
@@ -46,8 +46,6 @@ from sync.states import AttemptOutcome
 IMPORT_RULES = 1  # raise it when identity or staging rules change what the same lines import as
 PREFIX_BYTES = 1 << 20
 TICK_EVERY = 1000
-
-Line = str | SkippedLine
 
 
 def read_rules(

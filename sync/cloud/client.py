@@ -33,6 +33,7 @@ from sync.cloud.download import (
     KNOWN_RUN,
     InvalidRecord,
     KnownLines,
+    Line,
     PieceTap,
     SkippedLine,
     body_blocks,
@@ -71,6 +72,7 @@ def _id(value: int) -> int:
 
 
 PROGRESS_EVERY = 1000  # records between two progress reports
+BOM: Final = "\ufeff".encode()  # a byte order mark, which the first line of an export may have
 ProgressHook = Callable[[str, int, int | None], None]
 
 
@@ -220,16 +222,13 @@ class CloudClient:
             assert isinstance(item, dict), "no line is known without a caller that knows it"
             yield item
 
-    def export_lines(
-        self, job_id: int, *, tap: PieceTap | None = None
-    ) -> Iterator[str | SkippedLine]:
-        """Stream a scraping job's JSON Lines export as its lines, unparsed (a line that is too
-        long or not UTF-8 comes as a SkippedLine); ``tap`` sees the body itself as it comes."""
+    def export_lines(self, job_id: int, *, tap: PieceTap | None = None) -> Iterator[Line]:
+        """Stream a scraping job's JSON Lines export as its lines, unparsed, each without its
+        line break (a line that is too long or not UTF-8 comes as a SkippedLine); ``tap`` sees
+        the body itself as it comes."""
         return itertools.chain.from_iterable(self.export_blocks(job_id, tap=tap))
 
-    def export_blocks(
-        self, job_id: int, *, tap: PieceTap | None = None
-    ) -> Iterator[list[str | SkippedLine]]:
+    def export_blocks(self, job_id: int, *, tap: PieceTap | None = None) -> Iterator[list[Line]]:
         """The lines of :meth:`export_lines`, a gunzipped piece of the body at a time (a list
         of them), for a caller that goes through them in bulk."""
         return self._download_blocks(
@@ -239,9 +238,9 @@ class CloudClient:
     def iter_export(
         self,
         job_id: int,
-        lines: Iterable[str | SkippedLine] | None = None,
+        lines: Iterable[Line] | None = None,
         *,
-        known: Callable[[str], int] | None = None,
+        known: Callable[[bytes], int] | None = None,
     ) -> Iterator[tuple[int, dict[str, Any] | InvalidRecord | KnownLines]]:
         """Stream a scraping job's JSON Lines export as (line number, record); a line that is
         too long, not UTF-8, not JSON or not an object comes as an InvalidRecord instead, and
@@ -257,7 +256,7 @@ class CloudClient:
             if progress is not None and number % PROGRESS_EVERY == 0:
                 progress("records", number, total)
             if known is not None and not isinstance(line, SkippedLine):
-                index = known(line.removeprefix("\ufeff") if number == 1 else line)
+                index = known(line.removeprefix(BOM) if number == 1 else line)
                 if index >= 0:
                     run.append(index)
                     if len(run) == KNOWN_RUN:
@@ -273,12 +272,12 @@ class CloudClient:
                 yield number, InvalidRecord(number, line.reason, detail or "not UTF-8")
                 continue
             if number == 1:
-                line = line.removeprefix("\ufeff")
-            if not line.strip():
-                continue
+                line = line.removeprefix(BOM)
             try:
                 record = orjson.loads(line)  # several times faster than json on big exports
             except orjson.JSONDecodeError as exc:
+                if not line.decode().strip():  # a blank line (white space of any kind)
+                    continue
                 yield number, InvalidRecord(number, "not_json", str(exc)[:200])
                 continue
             if not isinstance(record, dict):
@@ -382,7 +381,7 @@ class CloudClient:
 
     def _download_blocks(
         self, path: str, *, final_line_ok: Callable[[str], bool], tap: PieceTap | None = None
-    ) -> Iterator[list[str | SkippedLine]]:
+    ) -> Iterator[list[Line]]:
         started = self._clock()
         attempt = 0
         yielded = False
@@ -410,7 +409,7 @@ class CloudClient:
         path: str,
         final_line_ok: Callable[[str], bool],
         tap: Callable[[bytes], None] | None = None,
-    ) -> Iterator[list[str | SkippedLine]]:
+    ) -> Iterator[list[Line]]:
         self._acquire()
         request = self._http.build_request(
             "GET", path, headers={"Accept-Encoding": "gzip"}, timeout=self._download_timeout

@@ -31,6 +31,9 @@ class SkippedLine:
     reason: str
 
 
+Line = bytes | SkippedLine  # a line of an export as a download hands it on, without its break
+
+
 @dataclass(frozen=True, slots=True)
 class InvalidRecord:
     """A line of a scraping job's export that cannot be stored: its line number, a stable
@@ -93,33 +96,30 @@ class _Gunzip:
         return not self._started or self._decoder.eof
 
 
-def _split_block(pending: bytearray, cut: int, limit: int) -> list[str | SkippedLine]:
-    """The complete lines of ``pending[: cut + 1]``, each ending in a line break; a line over
-    ``limit`` bytes or not UTF-8 becomes a SkippedLine."""
-    block = bytes(pending[: cut + 1])
+def _split_block(block: bytes, limit: int) -> list[bytes | SkippedLine]:
+    """The complete lines of ``block``, which ends in a line break, each without its break; a
+    line over ``limit`` bytes or not UTF-8 becomes a SkippedLine. (Lines stay bytes: the JSON
+    parser reads them as they are, and a line's digest is taken of them.)"""
+    lines = block.split(b"\n")
+    lines.pop()
     try:  # a block that ends on a line break never splits a UTF-8 character
-        lines = block.decode("utf-8").split("\n")
+        block.decode("utf-8")
     except UnicodeDecodeError:
-        lines = None
-    if lines is not None:
-        lines.pop()
-        if max(map(len, lines), default=0) <= limit // 4:  # no line can be over the limit
-            return [line + "\n" for line in lines]
-        return [
-            SkippedLine(len(line.encode()) + 1, "line_too_long")
-            if len(line) > limit // 4 and len(line.encode()) > limit
-            else line + "\n"
-            for line in lines
-        ]
-    found: list[str | SkippedLine] = []
-    for raw in block.split(b"\n")[:-1]:  # find the lines that are not UTF-8
+        pass
+    else:
+        if len(block) <= limit or max(map(len, lines)) <= limit:  # no line is over the limit
+            return lines  # type: ignore[return-value]  # list is invariant: these are all bytes
+    found: list[bytes | SkippedLine] = []
+    for raw in lines:  # find the lines that are too long or not UTF-8
         if len(raw) > limit:
             found.append(SkippedLine(len(raw) + 1, "line_too_long"))
             continue
         try:
-            found.append(raw.decode("utf-8") + "\n")
+            raw.decode("utf-8")
         except UnicodeDecodeError:
             found.append(SkippedLine(len(raw) + 1, "not_utf8"))
+        else:
+            found.append(raw)
     return found
 
 
@@ -140,11 +140,11 @@ def body_blocks(
     limit: int,
     scrub: Callable[[str], str],
     tap: Callable[[bytes], None] | None = None,
-) -> Iterator[list[str | SkippedLine]]:
-    """The lines of a streamed export response, each a str (line break kept) or a SkippedLine,
-    handed on a gunzipped piece at a time (a list of the piece's complete lines, never empty);
-    DownloadIncompleteError if the body turns out cut short. ``tap`` gets every piece of the
-    body as it comes, gunzipped, before its lines are handed on."""
+) -> Iterator[list[Line]]:
+    """The lines of a streamed export response, each bytes (valid UTF-8, its line break cut
+    off) or a SkippedLine, handed on a gunzipped piece at a time (a list of the piece's complete
+    lines, never empty); DownloadIncompleteError if the body turns out cut short. ``tap`` gets
+    every piece of the body as it comes, gunzipped, before its lines are handed on."""
     encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("gzip", "identity", ""):
         raise CloudError(f"GET {path}: unexpected Content-Encoding {encoding!r}")
@@ -190,8 +190,10 @@ def body_blocks(
             pending += data
             cut = pending.rfind(b"\n")
             if cut >= 0:
-                yield _split_block(pending, cut, limit)
+                with memoryview(pending) as view:  # one copy of the lines, not two
+                    block = bytes(view[: cut + 1])
                 del pending[: cut + 1]
+                yield _split_block(block, limit)
             if len(pending) > limit:  # the line under way is already too long
                 skipping = len(pending)
                 pending.clear()
@@ -214,4 +216,4 @@ def body_blocks(
     if skipping >= 0:
         yield [SkippedLine(skipping, "line_too_long")]
     if last:
-        yield [last]
+        yield [bytes(pending)]

@@ -152,7 +152,7 @@ def test_a_tap_sees_the_body_once_however_often_the_download_was_tried(
     )
     tap = BodyTap()
     lines = list(client.export_lines(5, tap=tap))
-    assert "".join(line for line in lines if isinstance(line, str)).encode() == body
+    assert b"".join(line + b"\n" for line in lines if isinstance(line, bytes)) == body
     assert tap.body == body
     assert tap.restarts == 2
 

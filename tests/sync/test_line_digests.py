@@ -42,16 +42,16 @@ class CountingIdentity(RecordIdentity):
         return super().__call__(record)
 
 
-def line(sku: str, price: str, order: int = 1, **more: Any) -> str:
-    """One export line of the products dataset."""
+def line(sku: str, price: str, order: int = 1, **more: Any) -> bytes:
+    """One export line of the products dataset, as a download hands it on."""
     record = {"web-scraper-order": f"1-{order}", "sku": sku, "price": price, **more}
-    return orjson.dumps(record).decode() + "\n"
+    return orjson.dumps(record)
 
 
 def _import(
     services: Services,
     attempt: str,
-    lines: list[str],
+    lines: list[bytes],
     *,
     window: str,
     known: bool = True,
@@ -171,7 +171,7 @@ def test_known_lines_come_in_runs_in_their_place_among_the_records(
     indexes = {a: 0, b: 1, c: 2, e: 4, f: 5}
     items = list(
         CloudClient(token="line-digests-test").iter_export(
-            1, [a, b, c, "\n", d, e, f], known=lambda text: indexes.get(text, -1)
+            1, [a, b, c, b"", d, e, f], known=lambda text: indexes.get(text, -1)
         )
     )
     assert items == [
@@ -186,7 +186,7 @@ def test_lines_that_come_while_the_digests_are_read_are_digested_ahead_and_known
     services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """While the run's digests are still being read the download goes on: lines are read
-    ahead and digested (up to AHEAD_CHARS, here 300), and once the digests come the same lines
+    ahead and digested (up to AHEAD_BYTES, here 300), and once the digests come the same lines
     are known as when the digests came first, a first line's byte order mark cut or not."""
     window = _window()
     first = [line(f"S{i}", "1.00", order=i) for i in range(8)]
@@ -199,7 +199,7 @@ def test_lines_that_come_while_the_digests_are_read_are_digested_ahead_and_known
         max_record_bytes=1 << 20,
         max_line_bytes=1 << 20,
     )
-    export = ["\ufeff" + first[0], *first[1:4], line("N", "2.00"), *first[4:]]
+    export = ["\ufeff".encode() + first[0], *first[1:4], line("N", "2.00"), *first[4:]]
     reference = LineDigests.reading(services.uow.engine, rules, f"run-{window}")
     reference.wait()
     want = list(CloudClient(token="t").iter_export(1, export, known=reference.find))
@@ -212,7 +212,7 @@ def test_lines_that_come_while_the_digests_are_read_are_digested_ahead_and_known
         return real_read(self, raw, run_id)
 
     monkeypatch.setattr(LineDigests, "_read_first", slow_read)
-    monkeypatch.setattr(line_digests, "AHEAD_CHARS", 300)
+    monkeypatch.setattr(line_digests, "AHEAD_BYTES", 300)
     digests = LineDigests.reading(services.uow.engine, rules, f"run-{window}")
     blocks = digests.ahead([[text] for text in export])
     head = next(blocks)  # handed on while the digests are still being read
@@ -325,7 +325,7 @@ _line = st.builds(
     st.sampled_from(["1", "2"]),
     order=st.integers(min_value=1, max_value=3),  # the same record on lines that differ
 )
-_junk = st.sampled_from(["not json\n", '{"price": "3"}\n', "[1, 2]\n", "\n"])
+_junk = st.sampled_from([b"not json", b'{"price": "3"}', b"[1, 2]", b"", " \u3000".encode()])
 _export = st.lists(st.one_of(_line, _line, _line, _junk), max_size=12)
 
 
@@ -334,7 +334,7 @@ _export = st.lists(st.one_of(_line, _line, _line, _junk), max_size=12)
 )
 @given(exports=st.lists(_export, min_size=1, max_size=4))
 def test_an_import_with_known_lines_stores_and_counts_what_a_full_import_does(
-    services: Services, exports: list[list[str]]
+    services: Services, exports: list[list[bytes]]
 ) -> None:
     """Any sequence of exports into one run, imported with known lines, leaves the rows and
     counts that importing the same sequence in full leaves (line digests aside: they name the
