@@ -58,10 +58,12 @@ from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 from sqlalchemy import Engine
+
+from sync.cloud.download import BOM, Line
 
 DIGEST_SIZE = 16
 FETCH = 8192  # digests read per round trip
@@ -73,7 +75,6 @@ _STORED = (
 )
 _SORTED = _STORED + " ORDER BY line_digest"
 AHEAD_BYTES = 8 << 20  # of lines read ahead while the run's digests are read
-T = TypeVar("T")
 _FIRST = f"SELECT string_agg(line_digest, ''::bytea) FROM ({_STORED} LIMIT %(most)s) AS d"  # noqa: S608 - constant SQL
 
 
@@ -92,11 +93,14 @@ class LineDigests:
         self._stored: bytes | None = None  # a small run's digests, read, not yet a dict
         self._done: threading.Event | None = None  # set once a reading apart has ended
         self._failure: BaseException | None = None  # what stopped it
-        self._ahead: deque[tuple[bytes, bytes]] = deque()  # lines digested while it went on
+        self._ahead: deque[tuple[list[Line], list[bytes | None]]] = deque()  # blocks digested
+        # while it went on, with their lines' digests
         self._large = False  # the run turned out too large for a dict
         self._apart: tuple[Engine, str] | None = None  # where a reading apart reads
         self.known = 0
-        self.last = b""  # the digest of the last line asked about
+        self._digested = 0  # lines of the export digested so far
+        self._asked = 0  # lines of the export asked about so far
+        self._block: list[bytes | None] = []  # the digests of the block last asked about
 
     def _add_sorted(self, digests: bytes) -> None:
         """Take stored digests, concatenated, in ascending order and after those taken so far."""
@@ -196,21 +200,19 @@ class LineDigests:
                 self._read_sorted(raw, run_id)
         self._take()
 
-    def ahead(self, blocks: Iterable[list[T]]) -> Iterator[list[T]]:
+    def ahead(self, blocks: Iterable[list[Line]]) -> Iterator[list[Line]]:
         """The blocks of lines as they come; while the run's digests are still being read, up
         to AHEAD_BYTES of lines are read ahead and digested, so that the download goes on
-        meanwhile (:meth:`find` takes those digests in order)."""
+        meanwhile (:meth:`marks` takes those digests)."""
         rest = iter(blocks)
         done = self._done
         if done is not None:
-            held: deque[list[T]] = deque()
+            held: deque[list[Line]] = deque()
             size = 0
             for block in rest:
                 held.append(block)
-                for line in block:
-                    if isinstance(line, bytes):
-                        self._ahead.append((line, self._digest(line)))
-                        size += len(line)
+                self._ahead.append((block, self._digests(block)))
+                size += sum(len(line) for line in block if isinstance(line, bytes))
                 if size >= AHEAD_BYTES or done.is_set() or self._large:
                     break
             while held:
@@ -222,23 +224,46 @@ class LineDigests:
         h.update(line)
         return h.digest()[:DIGEST_SIZE]
 
-    def find(self, line: bytes) -> int:
-        """The index of the stored digest the line has, or -1; its digest is kept as
-        :attr:`last` either way. (Called once per line, in order: the digest is taken in
-        line, or was taken ahead.)"""
-        d = None
-        if self._ahead:
-            seen, d = self._ahead.popleft()
-            if seen is not line:  # not the line that came, but what was made of it (no BOM)
-                d = None
-        if d is None:
-            d = self._digest(line)
-        self.last = d
+    def _digests(self, block: list[Line]) -> list[bytes | None]:
+        """The digest of each line of the next block of the export (None: a skipped line); a
+        byte order mark that starts the export is no part of its first line."""
+        copy = self._rules.copy
+        found: list[bytes | None] = []
+        add = found.append
+        for line in block:
+            if isinstance(line, bytes):
+                h = copy()
+                h.update(line)
+                add(h.digest()[:DIGEST_SIZE])
+            else:
+                add(None)
+        first = block[0] if block and not self._digested else None
+        if isinstance(first, bytes) and first.startswith(BOM):
+            found[0] = self._digest(first.removeprefix(BOM))
+        self._digested += len(block)
+        return found
+
+    def marks(self, block: list[Line]) -> list[int]:
+        """Per line of the next block of the export: the index of the stored digest it has, or
+        -1. (Blocks are asked about in order, each once; the lines' digests are kept for
+        :meth:`digest_of` until the next block.)"""
+        ahead = self._ahead
+        digests = ahead.popleft()[1] if ahead and ahead[0][0] is block else self._digests(block)
+        self._block = digests
+        self._asked += len(block)
         if self._done is not None:
             self.wait()
         if self._dict is not None:
-            return self._dict.get(d, -1)
-        return self.index_of(d) if self.known else -1
+            get = self._dict.get
+            return [get(d, -1) if d is not None else -1 for d in digests]
+        if not self.known:
+            return [-1] * len(digests)
+        index_of = self.index_of
+        return [index_of(d) if d is not None else -1 for d in digests]
+
+    def digest_of(self, number: int) -> bytes | None:
+        """The digest of line ``number`` of the export, a line of the block last asked about."""
+        return self._block[number - self._asked + len(self._block) - 1]
 
     def index_of(self, digest: bytes) -> int:
         """The index of a digest among the stored ones, or -1."""

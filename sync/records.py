@@ -153,7 +153,7 @@ def stage_export(
                 if problem is not None:  # set aside and counted: one bad record never sinks a job
                     invalid.add(InvalidRecord(line, *problem, partition=partition))
                     continue
-            add(staged, lines.last if lines is not None else None)
+            add(staged, lines.digest_of(line) if lines is not None else None)
             if read % 1000 == 0:
                 tick(read)
     except BaseException as exc:  # a copy still under way is cancelled before the rollback

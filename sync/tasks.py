@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -321,9 +320,7 @@ def _import(
                 stager.know(known)
             read = records.stage_export(
                 stager,
-                cloud.iter_export(
-                    job.id, itertools.chain.from_iterable(known.ahead(blocks)), known=known.find
-                ),
+                cloud.iter_export(job.id, known.ahead(blocks), known=known.marks),
                 RecordIdentity(dataset, target.window),
                 frozen=target.frozen_partitions,
                 max_record_bytes=settings.max_record_bytes,

@@ -29,6 +29,7 @@ import orjson
 from sync import retry, secrecy
 from sync.cloud.budget import ApiBudget
 from sync.cloud.download import (
+    BOM,
     DEFAULT_MAX_LINE_BYTES,
     KNOWN_RUN,
     InvalidRecord,
@@ -72,8 +73,21 @@ def _id(value: int) -> int:
 
 
 PROGRESS_EVERY = 1000  # records between two progress reports
-BOM: Final = "\ufeff".encode()  # a byte order mark, which the first line of an export may have
 ProgressHook = Callable[[str, int, int | None], None]
+
+
+def _unknown(marks: list[int]) -> list[int]:
+    """Where in a block the lines that were not recognised (-1) are."""
+    return [at for at, mark in enumerate(marks) if mark < 0]
+
+
+def _known_runs(run: list[int], end: int) -> Iterator[tuple[int, KnownLines]]:
+    """Hand on ``run`` (the indexes of consecutive known lines, the last of them line ``end``)
+    KNOWN_RUN at a time, numbered as the last of each; what is left of it stays in it."""
+    whole = len(run) - len(run) % KNOWN_RUN
+    for at in range(0, whole, KNOWN_RUN):
+        yield end - (len(run) - at - KNOWN_RUN), KnownLines(run[at : at + KNOWN_RUN])
+    del run[:whole]
 
 
 @functools.cache
@@ -238,56 +252,66 @@ class CloudClient:
     def iter_export(
         self,
         job_id: int,
-        lines: Iterable[Line] | None = None,
+        blocks: Iterable[list[Line]] | None = None,
         *,
-        known: Callable[[bytes], int] | None = None,
+        known: Callable[[list[Line]], list[int]] | None = None,
     ) -> Iterator[tuple[int, dict[str, Any] | InvalidRecord | KnownLines]]:
         """Stream a scraping job's JSON Lines export as (line number, record); a line that is
         too long, not UTF-8, not JSON or not an object comes as an InvalidRecord instead, and
-        the stream goes on. Blank lines are skipped. ``lines`` are the export's lines when the
-        caller has them already (from :meth:`export_lines`). ``known`` is asked about every
-        other line before it is parsed: lines it gives an index of (not -1) come unparsed,
-        together as KnownLines (numbered as the last of them), up to KNOWN_RUN at a time."""
+        the stream goes on. Blank lines are skipped. ``blocks`` are the export's lines, a piece
+        at a time, when the caller has them already (from :meth:`export_blocks`). ``known`` is
+        asked about each block before any line of it is parsed, and says per line whether the
+        caller recognises it (an index) or not (-1): recognised lines come unparsed, together
+        as KnownLines (numbered as the last of them), up to KNOWN_RUN at a time."""
         number = 0
         progress, total = self.progress, self._record_counts.get(job_id)
         run: list[int] = []  # the indexes of known lines not yet handed on
-        for line in self.export_lines(job_id) if lines is None else lines:
-            number += 1
-            if progress is not None and number % PROGRESS_EVERY == 0:
-                progress("records", number, total)
-            if known is not None and not isinstance(line, SkippedLine):
-                index = known(line.removeprefix(BOM) if number == 1 else line)
-                if index >= 0:
-                    run.append(index)
-                    if len(run) == KNOWN_RUN:
-                        yield number, KnownLines(run)
-                        run = []
-                    continue
-            if run:
-                yield number - 1, KnownLines(run)
-                run = []
-            if isinstance(line, SkippedLine):
-                limit = f"the limit is {self._max_line_bytes} bytes"
-                detail = f"{line.size} bytes; {limit}" if line.reason == "line_too_long" else ""
-                yield number, InvalidRecord(number, line.reason, detail or "not UTF-8")
-                continue
-            if number == 1:
-                line = line.removeprefix(BOM)
-            try:
-                record = orjson.loads(line)  # several times faster than json on big exports
-            except orjson.JSONDecodeError as exc:
-                if not line.decode().strip():  # a blank line (white space of any kind)
-                    continue
-                yield number, InvalidRecord(number, "not_json", str(exc)[:200])
-                continue
-            if not isinstance(record, dict):
-                yield number, InvalidRecord(number, "not_an_object", type(record).__name__)
-                continue
-            yield number, record
+        for block in self.export_blocks(job_id) if blocks is None else blocks:
+            base, number = number, number + len(block)
+            if progress is not None:
+                for mark in range(base // PROGRESS_EVERY + 1, number // PROGRESS_EVERY + 1):
+                    progress("records", mark * PROGRESS_EVERY, total)
+            marks = known(block) if known is not None else None
+            after = 0  # the first line of the block not yet handed on
+            # the lines to parse: every one, or those not known (each one ends a run)
+            for at in range(len(block)) if marks is None else _unknown(marks):
+                if at > after:  # known lines before this one
+                    assert marks is not None
+                    run += marks[after:at]
+                    yield from _known_runs(run, base + at)
+                if run:
+                    yield base + at, KnownLines(run)
+                    run = []
+                after = at + 1
+                item = self._record(block[at], base + at + 1)
+                if item is not None:
+                    yield base + at + 1, item
+            if marks is not None and after < len(block):
+                run += marks[after:]
+                yield from _known_runs(run, number)
         if run:
             yield number, KnownLines(run)
         if progress is not None:
             progress("records", number, total)
+
+    def _record(self, line: Line, number: int) -> dict[str, Any] | InvalidRecord | None:
+        """The record on line ``number`` of an export, an InvalidRecord, or None for a blank
+        line."""
+        if isinstance(line, SkippedLine):
+            limit = f"the limit is {self._max_line_bytes} bytes"
+            detail = f"{line.size} bytes; {limit}" if line.reason == "line_too_long" else ""
+            return InvalidRecord(number, line.reason, detail or "not UTF-8")
+        if number == 1:
+            line = line.removeprefix(BOM)
+        try:
+            record = orjson.loads(line)  # several times faster than json on big exports
+        except orjson.JSONDecodeError as exc:
+            if not line.decode().strip():  # a blank line (white space of any kind)
+                return None
+            return InvalidRecord(number, "not_json", str(exc)[:200])
+        if not isinstance(record, dict):
+            return InvalidRecord(number, "not_an_object", type(record).__name__)
+        return record
 
     def iter_problematic_urls(self, job_id: int) -> Iterator[ProblematicUrl]:
         """Every empty, failed or no-value page of a scraping job, page by page."""

@@ -32,6 +32,7 @@ class SkippedLine:
 
 
 Line = bytes | SkippedLine  # a line of an export as a download hands it on, without its break
+BOM: Final = "\ufeff".encode()  # a byte order mark, which the first line of an export may have
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,7 @@ def _import(
             digests = LineDigests(rules)
         blocks = [lines[at : at + 2] for at in range(0, len(lines), 2)]  # as a download has them
         records = CloudClient(token="line-digests-test").iter_export(
-            1, itertools.chain.from_iterable(digests.ahead(blocks)), known=digests.find
+            1, digests.ahead(blocks), known=digests.marks
         )
         read = stage_export(
             stager,
@@ -165,21 +165,27 @@ def test_known_lines_come_in_runs_in_their_place_among_the_records(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Known lines are handed on unparsed, together, at most KNOWN_RUN (here 2) at a time and
-    numbered as the last of them, each run before the record or blank line that ends it."""
+    numbered as the last of them, each run before the record or blank line that ends it, however
+    the download's pieces cut the lines."""
     monkeypatch.setattr(client, "KNOWN_RUN", 2)
-    a, b, c, d, e, f = (line(sku, "1") for sku in "ABCDEF")
-    indexes = {a: 0, b: 1, c: 2, e: 4, f: 5}
-    items = list(
-        CloudClient(token="line-digests-test").iter_export(
-            1, [a, b, c, b"", d, e, f], known=lambda text: indexes.get(text, -1)
-        )
-    )
-    assert items == [
+    a, b, c, d, e, f, g = (line(sku, "1") for sku in "ABCDEFG")
+    indexes = {a: 0, b: 1, c: 2, e: 4, f: 5, g: 6}
+    export = [a, b, c, b"", d, e, f, g]
+    want = [
         (2, KnownLines([0, 1])),
         (3, KnownLines([2])),
         (5, orjson.loads(d)),
         (7, KnownLines([4, 5])),
+        (8, KnownLines([6])),
     ]
+    for cuts in ([], [1], [2, 3], [4, 6], [1, 2, 3, 4, 5, 6, 7]):
+        blocks = [export[i:j] for i, j in itertools.pairwise([0, *cuts, len(export)])]
+        items = list(
+            CloudClient(token="line-digests-test").iter_export(
+                1, blocks, known=lambda block: [indexes.get(text, -1) for text in block]
+            )
+        )
+        assert items == want, cuts
 
 
 def test_lines_that_come_while_the_digests_are_read_are_digested_ahead_and_known_alike(
@@ -202,7 +208,7 @@ def test_lines_that_come_while_the_digests_are_read_are_digested_ahead_and_known
     export = ["\ufeff".encode() + first[0], *first[1:4], line("N", "2.00"), *first[4:]]
     reference = LineDigests.reading(services.uow.engine, rules, f"run-{window}")
     reference.wait()
-    want = list(CloudClient(token="t").iter_export(1, export, known=reference.find))
+    want = list(CloudClient(token="t").iter_export(1, [export], known=reference.marks))
 
     release = threading.Event()
     real_read = LineDigests._read_first
@@ -220,9 +226,7 @@ def test_lines_that_come_while_the_digests_are_read_are_digested_ahead_and_known
     assert 0 < len(digests._ahead) < len(export)  # digested ahead, no further than allowed
     release.set()
     got = list(
-        CloudClient(token="t").iter_export(
-            1, itertools.chain(head, itertools.chain.from_iterable(blocks)), known=digests.find
-        )
+        CloudClient(token="t").iter_export(1, itertools.chain([head], blocks), known=digests.marks)
     )
     assert got == want
     assert [type(item).__name__ for _, item in got] == ["KnownLines", "dict", "KnownLines"]
@@ -240,7 +244,7 @@ def test_digests_that_cannot_be_read_fail_the_lookup_that_waits_for_them(
     monkeypatch.setattr(LineDigests, "_read_first", broken)
     digests = LineDigests.reading(services.uow.engine, "rules", "run-x")
     with pytest.raises(RuntimeError, match="went away"):
-        digests.find(line("A", "1"))
+        digests.marks([line("A", "1")])
 
 
 def test_a_run_too_large_for_a_dict_of_its_digests_knows_the_same_lines(
