@@ -57,7 +57,7 @@ import threading
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import psycopg
@@ -101,6 +101,7 @@ class LineDigests:
         self._digested = 0  # lines of the export digested so far
         self._asked = 0  # lines of the export asked about so far
         self._block: list[bytes | None] = []  # the digests of the block last asked about
+        self._first_known: Callable[[], None] | None = None  # told of the first line known
 
     def _add_sorted(self, digests: bytes) -> None:
         """Take stored digests, concatenated, in ascending order and after those taken so far."""
@@ -120,12 +121,21 @@ class LineDigests:
         self._starts.append(known)
 
     @classmethod
-    def reading(cls, engine: Engine, rules: str, run_id: str) -> LineDigests:
+    def reading(
+        cls,
+        engine: Engine,
+        rules: str,
+        run_id: str,
+        *,
+        first_known: Callable[[], None] | None = None,
+    ) -> LineDigests:
         """The digests the run's rows hold (PostgreSQL; none elsewhere), read by a thread on a
         connection of its own while the caller goes on: the first lookup waits for them, and
         :meth:`ahead` digests the lines that come meanwhile. (A run too large for a dict is
-        read sorted by that lookup, in the caller's thread, whose memory it then reuses.)"""
+        read sorted by that lookup, in the caller's thread, whose memory it then reuses.)
+        ``first_known`` is called once, when a line is first found known."""
         found = cls(rules)
+        found._first_known = first_known
         if engine.dialect.name == "postgresql":
             found._done = threading.Event()
             found._apart = (engine, run_id)
@@ -255,11 +265,16 @@ class LineDigests:
             self.wait()
         if self._dict is not None:
             get = self._dict.get
-            return [get(d, -1) if d is not None else -1 for d in digests]
-        if not self.known:
+            found = [get(d, -1) if d is not None else -1 for d in digests]
+        elif self.known:
+            index_of = self.index_of
+            found = [index_of(d) if d is not None else -1 for d in digests]
+        else:
             return [-1] * len(digests)
-        index_of = self.index_of
-        return [index_of(d) if d is not None else -1 for d in digests]
+        if self._first_known is not None and max(found, default=-1) >= 0:
+            told, self._first_known = self._first_known, None
+            told()
+        return found
 
     def digest_of(self, number: int) -> bytes | None:
         """The digest of line ``number`` of the export, a line of the block last asked about."""

@@ -8,12 +8,14 @@ under (the dataset's whole definition, run, window, frozen partitions, size limi
 (lines that were skipped, too long or not UTF-8, included). The body is hashed a piece at a
 time as it comes, not a line at a time: a repeat reads no line it does not need. It also keeps
 the digest of the body's first MiB, so that an export which changed is told from the last one
-after its first MiB.
+after its first MiB. An import that finds a line known (:mod:`sync.line_digests`) counts its
+record unchanged, unless a later line of the key wins, and no repeat goes back to an import that
+counted one unchanged (below): it hashes no more than the first MiB and records no digest.
 
 A repeat is taken only where it is provably what a full import would do, in the transaction that
 commits it:
 
-- the task's last import (by lease token) has the same digest;
+- the task's last import (by lease token) recorded the same digest;
 - the import it goes back to wrote every record it staged (it found none unchanged), and every
   row it wrote still carries its attempt id in ``source_attempt_id``: a later rewrite of any of
   them, by any sync, would have put another attempt's id there.
@@ -33,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
@@ -79,11 +81,20 @@ class ExportDigest:
         self._rules = hashlib.sha256(b"scrapesync export 2\x1f" + rules.encode() + b"\x1f")
         self.restart()
 
+        self.stopped = False  # the import found a line known: no more than the prefix counts
+
     def restart(self) -> None:
         """Forget the body seen so far (the download is tried again from its start)."""
         self._hash = self._rules.copy()
         self._size = 0
         self._prefix: str | None = None
+
+    def stop(self) -> None:
+        """Hash no more of the body than its first MiB: the import found a line known, so it
+        counts a record unchanged (unless a later line of that key wins), and such an import is
+        never a repeat's origin (:func:`still_stored`). It records no digest, only the
+        prefix's."""
+        self.stopped = True
 
     def feed(self, data: bytes) -> None:
         """Hash the next piece of the body; the digest of its first MiB is taken on the way."""
@@ -92,8 +103,9 @@ class ExportDigest:
             piece = memoryview(data)
             self._hash.update(piece[:cut])
             self._prefix = self._hash.hexdigest()
-            self._hash.update(piece[cut:])
-        else:
+            if not self.stopped:
+                self._hash.update(piece[cut:])
+        elif self._prefix is None or not self.stopped:
             self._hash.update(data)
         self._size += len(data)
 
@@ -105,6 +117,10 @@ class ExportDigest:
     def digest(self) -> str:
         """The digest of the rules and the body so far."""
         return self._hash.hexdigest()
+
+    def recorded(self) -> str | None:
+        """What the import records as its export's digest: None if it stopped hashing."""
+        return None if self.stopped else self.digest()
 
     def prefix(self) -> str:
         """The digest of the rules and the body's first MiB (all of it, if shorter)."""
@@ -127,19 +143,20 @@ class LastImport:
 
 
 def last_import(session: Session, task_key: str) -> LastImport | None:
-    """The task's last committed import that recorded its digest, or None."""
+    """The task's last committed import, if it recorded its digest (an import that found a
+    line known did not: no repeat goes back to it), or None."""
     a = Attempt.__table__.c
     last = session.execute(
         select(a.export_digest, a.export_prefix, a.repeat_of, a.attempt_id)
         .where(
             a.task_key == task_key,
             a.outcome == AttemptOutcome.COMMITTED,
-            a.export_digest.is_not(None),
+            or_(a.export_digest.is_not(None), a.export_prefix.is_not(None)),
         )
         .order_by(a.lease_token.desc())
         .limit(1)
     ).one_or_none()
-    if last is None or last.export_prefix is None:
+    if last is None or last.export_prefix is None or last.export_digest is None:
         return None
     origin = session.execute(
         select(Attempt.__table__).where(a.attempt_id == (last.repeat_of or last.attempt_id))

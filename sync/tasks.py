@@ -316,7 +316,9 @@ def _import(
             if stager.keys_first and not target.frozen_partitions:
                 # lines a row of the run was written from are known unchanged without parsing
                 # (a recovery batch, which sets frozen partitions' records aside, reads all)
-                known = LineDigests.reading(services.uow.engine, rules, target.run_id)
+                known = LineDigests.reading(
+                    services.uow.engine, rules, target.run_id, first_known=digest.stop
+                )
                 stager.know(known)
             read = records.stage_export(
                 stager,
@@ -365,7 +367,7 @@ def _import(
             conflicting_duplicates=counts.conflicting_duplicates,
             invalid_records=invalid_count,
             invalid_detail=invalid_detail,
-            export_digest=digest.digest(),
+            export_digest=digest.recorded(),
             export_prefix=digest.prefix(),
             repeat_of=origin,
         )

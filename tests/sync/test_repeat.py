@@ -95,7 +95,8 @@ def test_a_forced_repeat_after_another_sync_rewrote_a_row_imports_in_full(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
     """Another job of the window changed one of the rows since: only a full import puts this
-    job's payload back, so that is what the repeat does."""
+    job's payload back, so that is what the repeat does. That import found the other lines
+    known, so it records no digest, and a forced sync after it imports in full too."""
     records = _records(20)
     job_id = _synced(web, services, records, cloud)
     (first,) = attempts_of(services, f"job-{job_id}")
@@ -104,8 +105,12 @@ def test_a_forced_repeat_after_another_sync_rewrote_a_row_imports_in_full(
     again = _forced(web, services, job_id)
     assert again.repeat_of is None
     assert (again.inserted, again.updated, again.unchanged) == (0, 1, 19)
-    assert again.export_digest == first.export_digest
+    assert (again.export_digest, again.export_prefix) == (None, first.export_prefix)
     assert {row[1] for row in _rows(services).values()} == {first.attempt_id, again.attempt_id}
+    third = _forced(web, services, job_id)
+    assert third.repeat_of is None
+    assert (third.inserted, third.updated, third.unchanged) == (0, 0, 20)
+    assert [getattr(third, c) for c in COUNTS] == [getattr(first, c) for c in COUNTS]
 
 
 def test_a_forced_repeat_whose_rows_were_rewritten_imports_from_its_one_download(
@@ -151,7 +156,7 @@ def test_a_forced_repeat_under_a_changed_datasets_file_imports_in_full(
     redefined = dataclasses.replace(services, datasets=parse_datasets(changed, source="tests"))
     again = _forced(web, redefined, job_id)
     assert again.repeat_of is None
-    assert again.export_digest != first.export_digest
+    assert again.export_digest not in (None, first.export_digest)  # no line known: all hashed
     assert (again.inserted, again.updated, again.unchanged) == (0, 0, 12)
 
 
@@ -214,3 +219,16 @@ def test_the_export_digest_is_of_the_body_however_it_came_in_pieces() -> None:
     restarted.restart()
     restarted.feed(body)
     assert (restarted.digest(), restarted.prefix()) == whole
+    assert restarted.recorded() == whole[0]
+
+    # an import that found a line known stops hashing: it records the first MiB's digest alone,
+    # whether it stopped before the first MiB came or after
+    starts = range(0, len(body), 3000)  # pieces that end on either side of the first MiB
+    for stop_at in (0, 3000, repeat.PREFIX_BYTES - 1000, repeat.PREFIX_BYTES + 3000, starts[-1]):
+        stopped = repeat.ExportDigest("rules")
+        for start in starts:
+            if start <= stop_at < start + 3000:
+                stopped.stop()
+            stopped.feed(body[start : start + 3000])
+        assert stopped.stopped
+        assert (stopped.recorded(), stopped.prefix()) == (None, whole[1]), stop_at

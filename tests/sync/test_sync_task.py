@@ -825,9 +825,11 @@ def test_only_a_later_sync_of_a_run_reads_the_runs_line_digests(
     read: list[str] = []
     real = LineDigests.reading.__func__  # type: ignore[attr-defined]
 
-    def counted(cls: type[LineDigests], engine: Any, rules: str, run_id: str) -> LineDigests:
+    def counted(
+        cls: type[LineDigests], engine: Any, rules: str, run_id: str, **more: Any
+    ) -> LineDigests:
         read.append(run_id)
-        return real(cls, engine, rules, run_id)  # type: ignore[no-any-return]
+        return real(cls, engine, rules, run_id, **more)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(LineDigests, "reading", classmethod(counted))
     notify(web, _finished_job(cloud, n=10))
