@@ -111,54 +111,51 @@ def stage_export(
     """Stage every storable record of an export; set the others aside and count them.
     ``tick`` gets the count of lines read every thousand staged records. ``lines`` digests the
     lines as ``records`` reads them: each record is staged with its line's digest, and lines
-    known as stored rows' come as KnownLines, counted by the stager."""
+    known as stored rows' come as KnownLines, counted by the stager. Should it raise, the caller
+    aborts the stager (:meth:`ObservationStager.abort`) before it rolls back."""
     found = ExportRead()
     invalid = found.invalid
     read = missing = protected = 0
     add, known = stager.add, stager.known
     quarter = max_record_bytes // 4
-    try:
-        for line, item in records:
-            if isinstance(item, KnownLines):
-                known(item.indexes)
-                before, read = read, read + len(item.indexes)
-                for mark in range(before // 1000 + 1, read // 1000 + 1):  # each thousand passed
-                    tick(mark * 1000)
+    for line, item in records:
+        if isinstance(item, KnownLines):
+            known(item.indexes)
+            before, read = read, read + len(item.indexes)
+            for mark in range(before // 1000 + 1, read // 1000 + 1):  # each thousand passed
+                tick(mark * 1000)
+            continue
+        read += 1
+        if isinstance(item, InvalidRecord):
+            invalid.add(item)
+            continue
+        staged = identify(item)
+        if staged is None:
+            missing += 1
+            continue
+        if frozen and staged[2] in frozen:
+            protected += 1  # a recovery batch never rewrites a partition that passed
+            continue
+        partition, start_url, canonical = staged[2], staged[3], staged[4]
+        if (  # only what record_problem could refuse is checked by it
+            "\\u0000" in canonical
+            or len(canonical) > quarter
+            or (partition is not None and len(partition) > PARTITION_LIMIT)
+            or (start_url is not None and "\x00" in start_url)
+        ):
+            problem = record_problem(
+                item,
+                partition=partition,
+                canonical=canonical,
+                start_url=start_url,
+                max_record_bytes=max_record_bytes,
+            )
+            if problem is not None:  # set aside and counted: one bad record never sinks a job
+                invalid.add(InvalidRecord(line, *problem, partition=partition))
                 continue
-            read += 1
-            if isinstance(item, InvalidRecord):
-                invalid.add(item)
-                continue
-            staged = identify(item)
-            if staged is None:
-                missing += 1
-                continue
-            if frozen and staged[2] in frozen:
-                protected += 1  # a recovery batch never rewrites a partition that passed
-                continue
-            partition, start_url, canonical = staged[2], staged[3], staged[4]
-            if (  # only what record_problem could refuse is checked by it
-                "\\u0000" in canonical
-                or len(canonical) > quarter
-                or (partition is not None and len(partition) > PARTITION_LIMIT)
-                or (start_url is not None and "\x00" in start_url)
-            ):
-                problem = record_problem(
-                    item,
-                    partition=partition,
-                    canonical=canonical,
-                    start_url=start_url,
-                    max_record_bytes=max_record_bytes,
-                )
-                if problem is not None:  # set aside and counted: one bad record never sinks a job
-                    invalid.add(InvalidRecord(line, *problem, partition=partition))
-                    continue
-            add(staged, lines.digest_of(line) if lines is not None else None)
-            if read % 1000 == 0:
-                tick(read)
-    except BaseException as exc:  # a copy still under way is cancelled before the rollback
-        stager.abort(exc)
-        raise
+        add(staged, lines.digest_of(line) if lines is not None else None)
+        if read % 1000 == 0:
+            tick(read)
     stager.flush()  # the end of the export: a copy straight into observations ends here
     found.read, found.missing_key, found.protected = read, missing, protected
     return found

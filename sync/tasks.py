@@ -312,23 +312,28 @@ def _import(
                 now=services.clock(),
             )
             stager = staging.ObservationStager(session, run_id=target.run_id, source=source)
-            known = LineDigests(rules)  # every line is parsed, and digested to be stored, but:
-            if stager.keys_first and not target.frozen_partitions:
-                # lines a row of the run was written from are known unchanged without parsing
-                # (a recovery batch, which sets frozen partitions' records aside, reads all)
-                known = LineDigests.reading(
-                    services.uow.engine, rules, target.run_id, first_known=digest.stop
+            try:  # whatever fails, the copy or merge it began is cancelled before the rollback
+                known = LineDigests(rules)  # every line is parsed, and digested to be stored:
+                if stager.keys_first and not target.frozen_partitions:
+                    # but lines a row of the run was written from are known unchanged without
+                    # parsing (a recovery batch, which sets frozen partitions' records aside,
+                    # reads all)
+                    known = LineDigests.reading(
+                        services.uow.engine, rules, target.run_id, first_known=digest.stop
+                    )
+                    stager.know(known)
+                read = records.stage_export(
+                    stager,
+                    cloud.iter_export(job.id, known.ahead(blocks), known=known.marks),
+                    RecordIdentity(dataset, target.window),
+                    frozen=target.frozen_partitions,
+                    max_record_bytes=settings.max_record_bytes,
+                    tick=tick,
+                    lines=known,
                 )
-                stager.know(known)
-            read = records.stage_export(
-                stager,
-                cloud.iter_export(job.id, known.ahead(blocks), known=known.marks),
-                RecordIdentity(dataset, target.window),
-                frozen=target.frozen_partitions,
-                max_record_bytes=settings.max_record_bytes,
-                tick=tick,
-                lines=known,
-            )
+            except BaseException as exc:
+                stager.abort(exc)
+                raise
             origin = None
             invalid_count, invalid_detail = read.invalid.count, read.invalid.as_detail()
         now = services.clock()

@@ -356,6 +356,55 @@ def test_a_later_sync_cut_mid_stream_undoes_what_it_merged_and_the_retry_complet
     assert observation_count(services) == 500
 
 
+@pytest.mark.postgres
+@pytest.mark.parametrize("later", [False, True], ids=["first sync", "later sync"])
+def test_a_failure_after_the_writes_began_and_before_a_line_was_read_fails_the_attempt(
+    web: Flask,
+    services: Services,
+    cloud: CloudState,
+    monkeypatch: pytest.MonkeyPatch,
+    later: bool,
+) -> None:
+    """A sync starts writing before it reads a line (a run's first sync opens its copy straight
+    into observations, a later one its early merge). Something failing in between (here, the
+    line digests cannot be set up) cancels that, so the attempt fails and rolls back instead of
+    leaving the worker waiting on the database; the next attempt imports everything."""
+    if later:
+        notify(web, _finished_job(cloud, n=10))
+        drain(services)
+    job_id = _finished_job(cloud, n=30)  # the same run
+    key = f"job-{job_id}"
+    notify(web, job_id)
+
+    class Unavailable(LineDigests):
+        def __init__(self, rules: str) -> None:
+            raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(tasks, "LineDigests", Unavailable)
+    failed: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            tasks.run_sync(services, key)
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(60)
+    assert not worker.is_alive(), "the attempt is stuck"
+    assert [str(exc) for exc in failed] == ["can't start new thread"]
+    task = task_of(services, key)
+    assert (task.state, task.last_error_class) == ("retry_wait", "RuntimeError")
+    assert observation_count(services) == (10 if later else 0)
+    monkeypatch.undo()
+    result = tasks.run_sync(at_time(services, task.next_attempt_at + timedelta(seconds=1)), key)
+    assert result.outcome == "committed"
+    assert result.counts is not None
+    assert result.counts.inserted == (20 if later else 30)
+    assert observation_count(services) == 30
+
+
 def test_a_task_that_keeps_failing_ends_dead(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
