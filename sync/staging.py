@@ -353,6 +353,18 @@ class _EarlyMerge:
             yield from rows
 
 
+def stages_keys_first(session: Session, run_id: str) -> bool:
+    """Whether a stager of the run stages keys first: on PostgreSQL, when the run holds
+    observations already (see :class:`ObservationStager`)."""
+    conn = session.connection()
+    return conn.dialect.name == "postgresql" and bool(
+        conn.execute(
+            text("SELECT EXISTS (SELECT 1 FROM observations WHERE run_id = :run_id)"),
+            {"run_id": run_id},
+        ).scalar_one()
+    )
+
+
 class ObservationStager:
     """Collects one job's records in a temporary table (COPY on PostgreSQL), then merges them
     into observations: new keys inserted, changed payloads updated, unchanged payloads neither
@@ -379,6 +391,8 @@ class ObservationStager:
     Known lines (keys first, given the run's ``lines``): a line whose digest a row of the run
     holds is that row's record, stored as it is (see :mod:`sync.line_digests`); it is counted,
     not staged, unless its key comes on another line too.
+
+    ``keys_first`` is what :func:`stages_keys_first` said of the run, when the caller asked.
     """
 
     def __init__(
@@ -391,6 +405,7 @@ class ObservationStager:
         run_id: str | None = None,
         source: Source | None = None,
         lines: LineDigests | None = None,
+        keys_first: bool | None = None,
     ) -> None:
         self.session = session
         self.conn: Connection = session.connection()
@@ -404,16 +419,9 @@ class ObservationStager:
             _STAGING.format(binary=binary) + (" ON COMMIT DROP" if self.postgres else "")
         )
         self.conn.exec_driver_sql("DELETE FROM obs_staging")
-        self.keys_first = (
-            self.postgres
-            and run_id is not None
-            and bool(
-                self.conn.execute(
-                    text("SELECT EXISTS (SELECT 1 FROM observations WHERE run_id = :run_id)"),
-                    {"run_id": run_id},
-                ).scalar_one()
-            )
-        )
+        if keys_first is None:
+            keys_first = run_id is not None and stages_keys_first(session, run_id)
+        self.keys_first = keys_first
         self._spool = tempfile.TemporaryFile() if self.keys_first else None  # noqa: SIM115 - closed by merge or close
         self._ends = array("q")  # where each spooled payload ends
         self._spooled = 0

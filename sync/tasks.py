@@ -311,17 +311,20 @@ def _import(
                 attempt_id=lease.attempt_id,
                 now=services.clock(),
             )
-            stager = staging.ObservationStager(session, run_id=target.run_id, source=source)
+            keys_first = staging.stages_keys_first(session, target.run_id)
+            known = LineDigests(rules)  # every line is parsed, and digested to be stored, but:
+            if keys_first and not target.frozen_partitions:
+                # lines a row of the run was written from are known unchanged without parsing
+                # (a recovery batch, which sets frozen partitions' records aside, reads all);
+                # the run's digests are read while the stager is made
+                known = LineDigests.reading(
+                    services.uow.engine, rules, target.run_id, first_known=digest.stop
+                )
+            stager = staging.ObservationStager(
+                session, run_id=target.run_id, source=source, keys_first=keys_first
+            )
             try:  # whatever fails, the copy or merge it began is cancelled before the rollback
-                known = LineDigests(rules)  # every line is parsed, and digested to be stored:
-                if stager.keys_first and not target.frozen_partitions:
-                    # but lines a row of the run was written from are known unchanged without
-                    # parsing (a recovery batch, which sets frozen partitions' records aside,
-                    # reads all)
-                    known = LineDigests.reading(
-                        services.uow.engine, rules, target.run_id, first_known=digest.stop
-                    )
-                    stager.know(known)
+                stager.know(known)
                 read = records.stage_export(
                     stager,
                     cloud.iter_export(job.id, known.ahead(blocks), known=known.marks),
