@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import pickle
 import tempfile
 from array import array
 from collections import deque
@@ -18,6 +17,7 @@ from typing import IO, Any, cast
 
 import orjson
 import psycopg
+from orjson import Fragment
 from sqlalchemy import Connection, bindparam, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -205,16 +205,15 @@ class _DirectCopy:
 # updated (the hash compared again on the row as it is when locked), new keys inserted. A key
 # stored outside the run looks new, and the insert's unique key undoes the early merge.
 _EARLY = (
-    "WITH k AS (SELECT * FROM unnest(%(ord)b::integer[], %(key)b::text[], "  # noqa: S608 - constant SQL
-    "%(entity)b::text[], "
-    "%(partition)b::text[], %(start_url)b::text[], %(payload)b::text[], %(hash)b::text[], "
-    "%(digest)b::bytea[]) AS k(ord, observation_key, entity_key, partition, start_url, payload, "
-    "payload_hash, line_digest)), "
+    "WITH k AS (SELECT (e->>0)::integer AS ord, e->>1 AS observation_key, "  # noqa: S608 - constant SQL
+    "e->>2 AS entity_key, e->>3 AS partition, e->>4 AS start_url, e->5 AS payload, "
+    "e->>6 AS payload_hash, decode(e->>7, 'hex') AS line_digest "
+    "FROM jsonb_array_elements(convert_from(%(batch)b, 'UTF8')::jsonb) AS e), "
     "s AS MATERIALIZED (SELECT k.*, o.id AS stored_id, o.payload_hash AS stored_hash, "
     "o.line_digest AS stored_digest FROM k LEFT JOIN observations o "
     "ON o.observation_key = k.observation_key AND o.run_id = %(run_id)s), "
     f"staged AS (INSERT INTO obs_staging ({_KEY_COLUMNS}) SELECT {_KEY_COLUMNS} FROM k), "
-    "changed AS (UPDATE observations o SET payload = CAST(s.payload AS jsonb), "
+    "changed AS (UPDATE observations o SET payload = s.payload, "
     "payload_hash = s.payload_hash, line_digest = s.line_digest, partition = s.partition, "
     "start_url = s.start_url, entity_key = s.entity_key, source_job_id = %(job_id)s, "
     "source_attempt_id = %(attempt_id)s, "
@@ -223,7 +222,7 @@ _EARLY = (
     "AND o.payload_hash <> s.payload_hash RETURNING 1), "
     f"new AS (INSERT INTO observations ({_WRITTEN}) "
     "SELECT s.observation_key, %(dataset)s, s.entity_key, %(run_id)s, %(window)s, s.partition, "
-    "s.start_url, CAST(s.payload AS jsonb), s.payload_hash, s.line_digest, %(job_id)s, "
+    "s.start_url, s.payload, s.payload_hash, s.line_digest, %(job_id)s, "
     f"%(attempt_id)s, '{ValidationState.PENDING}', %(now)s, %(now)s FROM s "
     "WHERE s.stored_id IS NULL RETURNING 1) "
     "SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM new), "
@@ -271,28 +270,21 @@ class _EarlyMerge:
     def send(self, rows: list[tuple[Any, ...]], payloads: list[str]) -> None:
         """Merge one batch of parsed records (key rows as staged, in _KEY_COLUMNS' order, and
         their payloads), and spool its key rows."""
-        pickle.dump(rows, self.keys)
+        # one JSON document, each payload in it as it is (no array of each column to dump
+        # value by value, and PostgreSQL parses each payload once); spooled as it is sent
+        batch = orjson.dumps(
+            [
+                (o, k, e, p, u, Fragment(payload), h, d.hex() if d is not None else None)
+                for (o, k, e, p, u, h, d), payload in zip(rows, payloads, strict=True)
+            ]
+        )
+        self.keys.write(batch + b"\n")
         if self.failed:
             return
-        ords, keys, entities, partitions, urls, hashes, digests = zip(*rows, strict=True)
         cursor = self._raw.cursor()
         self._sent.append(cursor)
         try:
-            cursor.execute(
-                _EARLY,
-                {
-                    **self._params,
-                    "ord": list(ords),
-                    "key": list(keys),
-                    "entity": list(entities),
-                    "partition": list(partitions),
-                    "start_url": list(urls),
-                    "payload": payloads,
-                    "hash": list(hashes),
-                    "digest": list(digests),
-                },
-                prepare=False,
-            )
+            cursor.execute(_EARLY, {**self._params, "batch": batch}, prepare=False)
             self._read(wait=False)
         except psycopg.Error as exc:  # a statement failed; the rest only spools
             self.failed = type(exc).__name__
@@ -345,12 +337,9 @@ class _EarlyMerge:
     def spooled(self) -> Iterator[tuple[Any, ...]]:
         """The key rows of every batch, in order."""
         self.keys.seek(0)
-        while True:
-            try:
-                rows = pickle.load(self.keys)  # noqa: S301 - this process's own spool
-            except EOFError:
-                return
-            yield from rows
+        for batch in self.keys:
+            for o, k, e, p, u, _payload, h, d in orjson.loads(batch):
+                yield o, k, e, p, u, h, bytes.fromhex(d) if d is not None else None
 
 
 def stages_keys_first(session: Session, run_id: str) -> bool:
