@@ -192,9 +192,9 @@ def body_blocks(
             cut = pending.rfind(b"\n")
             if cut >= 0:
                 with memoryview(pending) as view:  # one copy of the lines, not two
-                    block = bytes(view[: cut + 1])
+                    lines = _split_block(bytes(view[: cut + 1]), limit)
                 del pending[: cut + 1]
-                yield _split_block(block, limit)
+                yield lines
             if len(pending) > limit:  # the line under way is already too long
                 skipping = len(pending)
                 pending.clear()
