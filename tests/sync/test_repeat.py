@@ -95,8 +95,9 @@ def test_a_forced_repeat_after_another_sync_rewrote_a_row_imports_in_full(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
     """Another job of the window changed one of the rows since: only a full import puts this
-    job's payload back, so that is what the repeat does. That import found the other lines
-    known, so it records no digest, and a forced sync after it imports in full too."""
+    job's payload back, so that is what the repeat does. On PostgreSQL that import found the
+    other lines known, so it records no digest (elsewhere it parses every line, and records
+    it); either way a forced sync after it imports in full too."""
     records = _records(20)
     job_id = _synced(web, services, records, cloud)
     (first,) = attempts_of(services, f"job-{job_id}")
@@ -105,7 +106,9 @@ def test_a_forced_repeat_after_another_sync_rewrote_a_row_imports_in_full(
     again = _forced(web, services, job_id)
     assert again.repeat_of is None
     assert (again.inserted, again.updated, again.unchanged) == (0, 1, 19)
-    assert (again.export_digest, again.export_prefix) == (None, first.export_prefix)
+    knew_lines = services.uow.dialect == "postgresql"
+    assert again.export_prefix == first.export_prefix
+    assert again.export_digest == (None if knew_lines else first.export_digest)
     assert {row[1] for row in _rows(services).values()} == {first.attempt_id, again.attempt_id}
     third = _forced(web, services, job_id)
     assert third.repeat_of is None
