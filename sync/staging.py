@@ -270,17 +270,20 @@ class _EarlyMerge:
     def send(self, rows: list[tuple[Any, ...]], payloads: list[str]) -> None:
         """Merge one batch of parsed records (key rows as staged, in _KEY_COLUMNS' order, and
         their payloads), and spool its key rows."""
-        # one JSON document, each payload in it as it is (no array of each column to dump
-        # value by value, and PostgreSQL parses each payload once); spooled as it is sent
-        batch = orjson.dumps(
-            [
-                (o, k, e, p, u, Fragment(payload), h, d.hex() if d is not None else None)
-                for (o, k, e, p, u, h, d), payload in zip(rows, payloads, strict=True)
-            ]
-        )
-        self.keys.write(batch + b"\n")
+        keyed = [
+            (o, k, e, p, u, h, d.hex() if d is not None else None) for o, k, e, p, u, h, d in rows
+        ]
+        self.keys.write(orjson.dumps(keyed) + b"\n")  # the payloads are in the stager's spool
         if self.failed:
             return
+        # one JSON document, each payload in it as it is (no array of each column to dump
+        # value by value, and PostgreSQL parses each payload once)
+        batch = orjson.dumps(
+            [
+                (o, k, e, p, u, Fragment(payload), h, d)
+                for (o, k, e, p, u, h, d), payload in zip(keyed, payloads, strict=True)
+            ]
+        )
         cursor = self._raw.cursor()
         self._sent.append(cursor)
         try:
@@ -338,7 +341,7 @@ class _EarlyMerge:
         """The key rows of every batch, in order."""
         self.keys.seek(0)
         for batch in self.keys:
-            for o, k, e, p, u, _payload, h, d in orjson.loads(batch):
+            for o, k, e, p, u, h, d in orjson.loads(batch):
                 yield o, k, e, p, u, h, bytes.fromhex(d) if d is not None else None
 
 
