@@ -237,19 +237,11 @@ class LineDigests:
     def _digests(self, block: list[Line]) -> list[bytes | None]:
         """The digest of each line of the next block of the export (None: a skipped line); a
         byte order mark that starts the export is no part of its first line."""
-        copy = self._rules.copy
-        found: list[bytes | None] = []
-        add = found.append
-        for line in block:
-            if isinstance(line, bytes):
-                h = copy()
-                h.update(line)
-                add(h.digest()[:DIGEST_SIZE])
-            else:
-                add(None)
+        digest = self._digest
+        found = [digest(line) if isinstance(line, bytes) else None for line in block]
         first = block[0] if block and not self._digested else None
         if isinstance(first, bytes) and first.startswith(BOM):
-            found[0] = self._digest(first.removeprefix(BOM))
+            found[0] = digest(first.removeprefix(BOM))
         self._digested += len(block)
         return found
 

@@ -79,9 +79,8 @@ class ExportDigest:
     def __init__(self, rules: str) -> None:
         # the version keeps a digest of another form (per line, before) from ever matching
         self._rules = hashlib.sha256(b"scrapesync export 2\x1f" + rules.encode() + b"\x1f")
-        self.restart()
-
         self.stopped = False  # the import found a line known: no more than the prefix counts
+        self.restart()
 
     def restart(self) -> None:
         """Forget the body seen so far (the download is tried again from its start)."""
