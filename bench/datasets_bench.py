@@ -52,11 +52,14 @@ from simulator import CloudState
 from simulator import create_app as create_simulator
 from simulator.app import API_PREFIX
 from simulator.records import generate_records
-from sync import bootstrap, db, materialise, runs, store, tasks
+from sync import bootstrap, db
 from sync.bootstrap import Services
-from sync.changes import ChangeSet
 from sync.cloud.budget import MemoryApiBudget
+from sync.datasets import materialise
+from sync.datasets.changes import ChangeSet
+from sync.ingest import store, tasks
 from sync.queue import RecordingDispatcher
+from sync.runs import evaluation
 
 DEFAULT_DATABASE_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/scrapesync_datasets_bench"
 API_TOKEN = "bench-token"  # noqa: S105 - the simulator's account, never a real one
@@ -179,12 +182,12 @@ def sync_and_evaluate(
     synced = time.perf_counter()
     position = wal_position(services) if wal is not None else 0
     evaluated = time.perf_counter()
-    evaluation = runs.evaluate_run(services, f"products-job-{job_id}")
+    judged = evaluation.evaluate_run(services, f"products-job-{job_id}")
     done = time.perf_counter()
     if wal is not None:
         wal.append(wal_position(services) - position)
-    if outcome != "committed" or evaluation.outcome != "published":
-        raise SystemExit(f"job {job_id}: sync {outcome}, evaluation {evaluation.outcome}")
+    if outcome != "committed" or judged.outcome != "published":
+        raise SystemExit(f"job {job_id}: sync {outcome}, evaluation {judged.outcome}")
     return synced - started, done - evaluated
 
 
@@ -198,10 +201,10 @@ def resync_same_job(services: Services, cloud: CloudState) -> tuple[float, float
     started = time.perf_counter()
     tasks.run_sync(services, wish.task_key, force=True)
     synced = time.perf_counter()
-    evaluation = runs.evaluate_run(services, f"products-job-{job_id}")
+    judged = evaluation.evaluate_run(services, f"products-job-{job_id}")
     done = time.perf_counter()
-    if evaluation.outcome != "unchanged":
-        raise SystemExit(f"job {job_id}: a forced repeat was {evaluation.outcome}")
+    if judged.outcome != "unchanged":
+        raise SystemExit(f"job {job_id}: a forced repeat was {judged.outcome}")
     return synced - started, done - synced
 
 

@@ -52,10 +52,11 @@ from sqlalchemy import Engine, MetaData, event, func, make_url, select, text
 
 from config.datasets import parse_datasets
 from config.settings import Settings
-from sync import bootstrap, db, store
+from sync import bootstrap, db
 from sync.bootstrap import Services
+from sync.ingest import store
+from sync.ingest.tasks import run_sync
 from sync.models import Attempt, Base, Observation, utcnow
-from sync.tasks import run_sync
 
 if TYPE_CHECKING:
     from bench.exports import ExportServer, RenderedExport

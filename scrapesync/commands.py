@@ -15,7 +15,7 @@ from sync.cloud.client import CloudClient
 from sync.states import AttemptOutcome, LaunchState, RunState, TaskState
 
 if TYPE_CHECKING:
-    from sync.check import Rejudgement
+    from sync.runs.check import Rejudgement
 
 
 @click.group("db")
@@ -38,7 +38,7 @@ def db_upgrade(revision: str) -> None:
 def _upgrade_datasets(settings: Settings) -> list[str]:
     """Bring the datasets' tables in line with the datasets file (after the migrations)."""
     from config.datasets import DatasetsFileError, load_datasets
-    from sync.dataset_upgrade import upgrade_datasets
+    from sync.datasets.upgrade import upgrade_datasets
 
     if not settings.datasets_path.exists():
         return [f"no datasets file at {settings.datasets_path}: no dataset tables to check"]
@@ -86,7 +86,7 @@ def _services() -> Services:
 )
 def sync_command(job_id: int, force: bool) -> None:
     """Synchronise one Cloud scraping job now, in the foreground."""
-    from sync import intake, tasks
+    from sync.ingest import intake, tasks
 
     services = _services()
     logs.configure()
@@ -123,10 +123,10 @@ def sync_command(job_id: int, force: bool) -> None:
         and result.state == TaskState.COMMITTED
         and result.run_id
     ):
-        from sync import runs
+        from sync.runs import evaluation
 
-        evaluation = runs.evaluate_run(services, result.run_id)
-        echo(f"run {result.run_id}: {evaluation.state} ({evaluation.outcome})")
+        verdict = evaluation.evaluate_run(services, result.run_id)
+        echo(f"run {result.run_id}: {verdict.state} ({verdict.outcome})")
     if result.outcome not in (AttemptOutcome.COMMITTED, AttemptOutcome.UNCHANGED):
         sys.exit(1)
 
@@ -138,7 +138,7 @@ def _foreground(services: Services) -> Services:
     """Without Redis there is no worker: syncs the command asks for run here and now."""
     from dataclasses import replace
 
-    from sync import tasks
+    from sync.ingest import tasks
     from sync.queue import RecordingDispatcher
 
     if not isinstance(services.dispatcher, RecordingDispatcher):
@@ -183,7 +183,7 @@ def launch_command(
     dataset: str, window: str | None, start_urls: tuple[str, ...], as_json: bool
 ) -> None:
     """Start the Cloud job of DATASET's run for a window (the same window: the same run and job)."""
-    from sync import launch
+    from sync.runs import launch
 
     services = _services()
     try:
@@ -206,7 +206,7 @@ def launch_command(
 def reconcile_command(since: str, dry_run: bool, as_json: bool) -> None:
     """Compare Cloud's jobs with ours and heal what notifications, workers and Redis lost."""
 
-    from sync import reconcile
+    from sync.operations import reconcile
 
     try:
         look_back = reconcile.parse_since(since)
@@ -245,7 +245,7 @@ def rerun_command(
     run_id: str, partition: str | None, failed_pages: bool, urls: tuple[str, ...], as_json: bool
 ) -> None:
     """Launch a recovery job under RUN_ID for one partition, its failed pages or given URLs."""
-    from sync import launch, rerun
+    from sync.runs import launch, rerun
 
     chosen = sum([partition is not None, failed_pages, bool(urls)])
     if chosen != 1:
@@ -274,7 +274,7 @@ def rerun_command(
 @click.option("--limit", default=20, show_default=True, help="How many recent runs to show.")
 def status_command(as_json: bool, limit: int) -> None:
     """Runs, coverage and verdicts; tasks, outbox backlog, last reconcile, API budget."""
-    from sync import status
+    from sync.operations import status
 
     values = status.overview(_services(), limit=limit)
     if as_json:
@@ -287,7 +287,7 @@ def status_command(as_json: bool, limit: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 def doctor_command(as_json: bool) -> None:
     """Check variables, database, Redis, the Cloud token and each dataset against its sitemap."""
-    from sync import doctor
+    from sync.operations import doctor
 
     report = doctor.diagnose(_settings())
     echo(report.to_json() if as_json else report.text())
@@ -310,7 +310,7 @@ def check_command(run_id: str, datasets_path: str | None, as_json: bool) -> None
     from pathlib import Path
 
     from config.datasets import load_datasets
-    from sync import check
+    from sync.runs import check
 
     services = _services()
     datasets = load_datasets(Path(datasets_path)) if datasets_path else services.datasets
@@ -426,7 +426,7 @@ def export_command(dataset: str, run_id: str | None, fmt: str, out: str | None) 
     """Write the published run of DATASET (or --run) with its manifest; quarantined rows never."""
     from pathlib import Path
 
-    from sync import export
+    from sync.datasets import export
 
     services = _services()
     progress = Progress(enabled=_interactive())
@@ -464,7 +464,7 @@ def diff_command(
     dataset: str, from_run: str | None, to_run: str | None, as_json: bool, limit: int
 ) -> None:
     """What changed in DATASET between two published runs: entities added, removed, changed."""
-    from sync import diff
+    from sync.datasets import diff
 
     try:
         result = diff.diff(_services(), dataset, from_run=from_run, to_run=to_run)

@@ -32,9 +32,14 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from config.datasets import parse_datasets
 from config.settings import Settings
 from simulator import CloudState, serve
-from sync import bootstrap, db, destinations, export, launch, logs, reconcile, status, store
+from sync import bootstrap, db, logs
+from sync.datasets import export
+from sync.delivery import destinations
+from sync.ingest import store
 from sync.models import Delivery, Observation, Run, SyncTask
+from sync.operations import reconcile, status
 from sync.queue import Dispatcher, JobKinds, RQDispatcher
+from sync.runs import launch
 from sync.states import DeliveryState, RunState, TaskState
 
 DEMO_TOKEN = "demo-cloud-token"  # noqa: S105 - the simulator's token, valid nowhere else

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from sync import bootstrap, maintenance, outbox, runs, tasks
-from sync import reconcile as reconciliation
+from sync import bootstrap
+from sync.delivery import relay as relaying
+from sync.ingest import tasks
+from sync.operations import maintenance
+from sync.operations import reconcile as reconciliation
+from sync.runs import evaluation
 
 
 def run_sync(task_key: str) -> str:
@@ -13,18 +17,18 @@ def run_sync(task_key: str) -> str:
 
 def evaluate_run(run_id: str) -> str:
     """Evaluate the run ``run_id`` and publish it if it is accepted; returns the outcome."""
-    return runs.evaluate_run(bootstrap.from_env(), run_id).outcome
+    return evaluation.evaluate_run(bootstrap.from_env(), run_id).outcome
 
 
 def deliver(event_id: str) -> dict[str, int]:
     """Deliver one outbox event to the destinations it is due at."""
-    report = outbox.relay(bootstrap.from_env(), event_id=event_id)
+    report = relaying.relay(bootstrap.from_env(), event_id=event_id)
     return {"claimed": report.claimed, "delivered": report.delivered}
 
 
 def relay() -> dict[str, int]:
     """Deliver every due outbox event (the re-drive after a lost job or a dead worker)."""
-    report = outbox.relay(bootstrap.from_env())
+    report = relaying.relay(bootstrap.from_env())
     return {"claimed": report.claimed, "delivered": report.delivered}
 
 

@@ -224,7 +224,8 @@ class Attempt(Base):
     # the records set aside: {"partitions": {name: {reason: n}}, "unplaced": {reason: n},
     # "lines": [{"line", "reason", "detail", "partition"}, ...] (the first few)}
     invalid_detail: Mapped[dict[str, Any] | None] = mapped_column(ScrubbedPayload)
-    # what an import read (see sync.repeat): the digest of the export's lines and the rules they
+    # what an import read (see sync.ingest.repeat): the digest of the export's lines and the rules
+    # they
     # were read under, the digest of their first MiB, and for a byte-identical repeat the
     # import whose outcome it repeats
     export_digest: Mapped[str | None] = mapped_column(String(64))
@@ -247,7 +248,7 @@ class Observation(Base):
     start_url: Mapped[str | None] = mapped_column(Text)
     payload: Mapped[dict[str, Any]]
     payload_hash: Mapped[str] = mapped_column(String(64))
-    # the export line it was last written from, keyed by the read rules (sync.line_digests)
+    # the export line it was last written from, keyed by the read rules (sync.ingest.line_digests)
     line_digest: Mapped[bytes | None] = mapped_column(LargeBinary)
     source_job_id: Mapped[int] = mapped_column(BigInteger)
     source_attempt_id: Mapped[str] = mapped_column(String(36))

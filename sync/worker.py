@@ -17,7 +17,8 @@ from rq.exceptions import StopRequested
 from rq.worker import HerokuWorker
 
 from config.settings import Settings
-from sync import bootstrap, logs, maintenance
+from sync import bootstrap, logs
+from sync.operations import maintenance
 
 log = logs.get("worker")
 

@@ -30,9 +30,9 @@ from sync import bootstrap
 from sync.bootstrap import Services
 from sync.cloud.budget import MemoryApiBudget
 from sync.db import UnitOfWork
+from sync.ingest.store import count_rows
 from sync.models import Attempt, Observation, SyncTask
 from sync.queue import RQDispatcher
-from sync.store import count_rows
 from webhooks import create_app
 
 API_TOKEN = "sim-token"

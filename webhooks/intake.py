@@ -1,7 +1,7 @@
 """Cloud's finished-job notifications: stored and acknowledged at once, synced later.
 
 Cloud does not sign notifications, so the token in the path is the credential (compared in
-constant time). The use case ``sync.intake.accept_notification`` stores the raw notification
+constant time). The use case ``sync.ingest.intake.accept_notification`` stores the raw notification
 and sets the job's sync task wanted in ONE transaction (on PostgreSQL one statement, one round
 trip; a repeat that finds the sync already pending coalesces into it without touching the task
 row) and queues the RQ job after the commit; only then is the answer 200. If Redis is down the
@@ -28,7 +28,8 @@ from flask import Blueprint, current_app, jsonify, request
 from sqlalchemy.exc import SQLAlchemyError
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from sync import intake, logs, store
+from sync import logs
+from sync.ingest import intake, store
 from webhooks import services_of
 
 bp = Blueprint("intake", __name__)

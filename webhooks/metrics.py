@@ -20,7 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from sync import heartbeat, logs
+from sync import logs
 from sync.bootstrap import Services
 from sync.models import (
     Attempt,
@@ -30,8 +30,9 @@ from sync.models import (
     Run,
     SyncTask,
 )
+from sync.operations import heartbeat
+from sync.operations.status import RUN_STATES, TASK_STATES
 from sync.states import AttemptOutcome, OutboxState, TaskState
-from sync.status import RUN_STATES, TASK_STATES
 from webhooks import services_of
 from webhooks.status import _private, _refusal
 

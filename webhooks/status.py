@@ -17,7 +17,7 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, render_template, request
 
-from sync import status
+from sync.operations import status
 from sync.states import RunState
 from webhooks import services_of
 

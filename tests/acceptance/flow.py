@@ -17,11 +17,14 @@ from sqlalchemy import select
 from config.datasets import parse_datasets
 from simulator import CloudState
 from simulator.records import generate_records
-from sync import bootstrap, export, publication, runs, store, tasks
+from sync import bootstrap
 from sync.acceptance.facts import Judgement
 from sync.bootstrap import Services
+from sync.datasets import export
+from sync.ingest import store, tasks
 from sync.models import OutboxEvent, PartitionVerdict, Run
 from sync.queue import RecordingDispatcher, RQDispatcher
+from sync.runs import evaluation, publication
 from tests.fakes import Receiver
 from tests.harness import drain, notify, products_sitemap
 
@@ -199,9 +202,9 @@ def accept_quietly(services: Services, cloud: CloudState, n: int = 40) -> tuple[
         wish = store.want_sync(session, job_id, now=services.clock())
         session.commit()
     assert tasks.run_sync(offline, wish.task_key).outcome == "committed"
-    evaluation = runs.evaluate_run(offline, run_id_of(job_id))
-    assert evaluation.outcome == "published"
-    return run_id_of(job_id), list(evaluation.events)
+    judged = evaluation.evaluate_run(offline, run_id_of(job_id))
+    assert judged.outcome == "published"
+    return run_id_of(job_id), list(judged.events)
 
 
 # Only the entity key is required and Cloud's own column check is off, so what catches an

@@ -12,8 +12,8 @@ from sqlalchemy import select
 
 from scrapesync.cli import main
 from simulator import CloudState
-from sync import diff
 from sync.bootstrap import Services
+from sync.datasets import diff
 from tests.acceptance.flow import (
     DATASETS_TOML,
     collect,

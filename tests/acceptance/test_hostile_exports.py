@@ -17,8 +17,8 @@ from flask import Flask
 from config.columns import column_name_for
 from scrapesync.cli import main
 from simulator import CloudState
-from sync import destinations
 from sync.bootstrap import Services
+from sync.delivery import destinations
 from tests.acceptance.flow import finished_job, product_records, run_id_of, settle
 from tests.fakes import verify_signature
 from tests.harness import notify

@@ -424,7 +424,7 @@ def test_a_wrong_threshold_is_refused_with_its_name(line: str, message: str) -> 
 
 def test_collection_windows_order_by_time_within_their_kind() -> None:
     """Job windows by number (job-999 before job-1000), dates and ISO weeks as text."""
-    from sync.publication import window_order
+    from sync.runs.publication import window_order
 
     assert window_order("job-999") < window_order("job-1000")
     assert window_order("2026-12-01") < window_order("2026-12-02")

@@ -13,10 +13,14 @@ from flask import Flask
 from sqlalchemy import func, select
 
 from simulator import CloudState
-from sync import export, jobs, runs, status, store, tasks
+from sync import jobs
 from sync.bootstrap import Services
+from sync.datasets import export
+from sync.ingest import store, tasks
 from sync.models import Launch, Observation, OutboxEvent, Publication, Run
+from sync.operations import status
 from sync.queue import RecordingDispatcher
+from sync.runs import evaluation
 from tests.acceptance.flow import (
     DATASETS_TOML,
     Receiver,
@@ -289,7 +293,7 @@ def test_evaluating_again_changes_nothing_and_announces_nothing(
     job_id = finished_job(cloud, product_records(40))
     sync(web, services, job_id)
     before = events_of(services)
-    again = runs.evaluate_run(services, run_id_of(job_id))
+    again = evaluation.evaluate_run(services, run_id_of(job_id))
     assert (again.outcome, again.revision, again.events) == ("unchanged", 1, ())
     sync(web, services, job_id)  # Cloud notifies again; the sync finds nothing new
     assert events_of(services) == before
@@ -443,13 +447,13 @@ def test_a_run_with_nothing_synced_or_a_launch_in_flight_is_not_judged(
             now=services.clock(),
         )
         session.commit()
-    nothing = runs.evaluate_run(services, run_id)
+    nothing = evaluation.evaluate_run(services, run_id)
     assert (nothing.outcome, nothing.state) == ("waiting", "candidate")
     assert nothing.reasons[0]["detail"]["tasks"] == {"first sync": "not synced"}
     with services.uow.begin() as session:
         session.add(Launch(batch_id="batch-c", run_id=run_id, kind="launch", state="creating"))
         session.commit()
-    launching = runs.evaluate_run(services, run_id)
+    launching = evaluation.evaluate_run(services, run_id)
     assert launching.reasons[0]["detail"]["tasks"] == {"launch batch-c": "creating"}
     assert events_of(services) == []
 
@@ -468,12 +472,12 @@ def test_a_run_waits_for_clouds_quality_result_and_the_sweep_retries_it(
     assert "503" in found.reasons[0]["message"]
     cloud.clear_faults()
     with services.uow.begin() as session:
-        assert runs.runs_due_for_evaluation(session) == [run_id_of(job_id)]
+        assert evaluation.runs_due_for_evaluation(session) == [run_id_of(job_id)]
     assert jobs.maintain()["evaluations"] == 1
     settle(services)
     assert verdict(services, run_id_of(job_id)).state == "published"
     with services.uow.begin() as session:
-        assert runs.runs_due_for_evaluation(session) == []
+        assert evaluation.runs_due_for_evaluation(session) == []
 
 
 def test_a_lost_evaluation_is_found_by_the_maintenance_sweep(
@@ -491,10 +495,10 @@ def test_a_lost_evaluation_is_found_by_the_maintenance_sweep(
     assert [call[0] for call in recorder.calls] == ["sync.jobs.evaluate_run"]
     with services.uow.begin() as session:
         assert session.get(Run, run_id_of(job_id)).state == "collecting"  # type: ignore[union-attr]
-    assert runs.redrive(services) == 1
+    assert evaluation.redrive(services) == 1
     settle(services)
     assert verdict(services, run_id_of(job_id)).state == "published"
-    assert runs.redrive(services) == 0
+    assert evaluation.redrive(services) == 0
 
 
 @pytest.mark.postgres
@@ -514,7 +518,7 @@ def test_concurrent_evaluations_of_one_run_announce_it_once(
 
     def evaluate() -> None:
         barrier.wait()
-        outcomes.append(runs.evaluate_run(offline, run_id_of(job_id)).outcome)
+        outcomes.append(evaluation.evaluate_run(offline, run_id_of(job_id)).outcome)
 
     threads = [threading.Thread(target=evaluate) for _ in range(4)]
     for thread in threads:
@@ -562,7 +566,7 @@ def test_a_sync_committing_during_an_evaluation_is_never_marked_unread(
                 session.commit()
 
     racing = replace(offline, killpoints=SyncInBetween())  # type: ignore[arg-type]
-    result = runs.evaluate_run(racing, run_id_of(job_id))
+    result = evaluation.evaluate_run(racing, run_id_of(job_id))
     assert fired == ["mid-evaluation"]
     assert result.outcome == "rejected"
     assert states_of(services, run_id_of(job_id))["beta.example"] == {"quarantined": 10}

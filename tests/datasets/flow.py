@@ -7,9 +7,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from sync import dataset_schema
 from sync.bootstrap import Services
-from sync.dataset_tables import DatasetTables
+from sync.datasets import schema
+from sync.datasets.tables import DatasetTables
 from tests.acceptance.flow import DATASETS_TOML
 
 TYPED = """
@@ -37,7 +37,7 @@ def typed_datasets(*, policy: str = "reject", quality: str = "", columns: str = 
 def tables(services: Services, dataset: str = "products") -> DatasetTables:
     """The dataset's tables as the registry has them now."""
     with services.uow.begin() as session:
-        return dataset_schema.tables_in(session, dataset, services.settings.data_schema)
+        return schema.tables_in(session, dataset, services.settings.data_schema)
 
 
 def current_rows(services: Services, dataset: str = "products") -> dict[str, dict[str, Any]]:

@@ -15,8 +15,8 @@ from sqlalchemy import Engine, delete, insert, text
 from config.columns import Column
 from sync import outbox
 from sync.casts import to_json
-from sync.changes import ChangeSet
-from sync.dataset_tables import DatasetTables, history_view_sql, tables_for
+from sync.datasets.changes import ChangeSet
+from sync.datasets.tables import DatasetTables, history_view_sql, tables_for
 from sync.db import UnitOfWork
 from sync.models import DatasetColumn, Publication, Run
 from sync.states import RunState

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 from config.columns import Watch
-from sync.changes import ChangeSet, compare, pages
+from sync.datasets.changes import ChangeSet, compare, pages
 
 
 def test_added_removed_and_changed_within_tolerance() -> None:

@@ -8,7 +8,7 @@ from decimal import Decimal
 from sqlalchemy import create_engine, insert, inspect, select
 
 from config.columns import Column
-from sync.dataset_tables import tables_for
+from sync.datasets.tables import tables_for
 
 COLUMNS = (
     Column("price", "price", "numeric"),

@@ -14,9 +14,9 @@ from sqlalchemy import Engine, update
 from config.columns import watch_by_column
 from config.datasets import Datasets, parse_datasets
 from scrapesync.cli import main
-from sync import diff
 from sync.bootstrap import Services
-from sync.changes import ChangeSet, compare
+from sync.datasets import diff
+from sync.datasets.changes import ChangeSet, compare
 from sync.models import Publication
 from sync.states import RunState
 from tests.datasets.published import (

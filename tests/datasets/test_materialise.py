@@ -16,11 +16,12 @@ from sqlalchemy import func, select, text
 
 from config.columns import Column
 from config.datasets import Dataset
-from sync import dataset_schema, first_publication, materialise, publication
 from sync.bootstrap import Services
 from sync.casts import cast_record
+from sync.datasets import first_publication, materialise, schema
 from sync.identity import observation_key
 from sync.models import Observation, PartitionVerdict, Publication, Run
+from sync.runs import publication
 from sync.states import PartitionState, RunState, ValidationState
 from tests.datasets.flow import (
     assert_rows_are_open_stretches,
@@ -63,7 +64,7 @@ def publish(
     run_id = dataset.run_id_for(window)
     now = DAY + timedelta(days=day, hours=6)
     groups = {"r1": found, **(partitions or {})}
-    dataset_schema.ensure_tables(services.uow, dataset, services.settings.data_schema)
+    schema.ensure_tables(services.uow, dataset, services.settings.data_schema)
     with services.uow.begin() as session:
         run = session.get(Run, run_id)
         if run is None:
@@ -492,7 +493,7 @@ def test_a_run_planned_from_statistics_that_predate_it_is_still_compared_by_a_ha
         session.execute(text("ANALYZE observations"))  # as after a sync: everything pending
         session.execute(o.update().values(validation_state=ValidationState.VALID))
         session.execute(o.insert(), observations(ValidationState.VALID, start=10))
-        t = dataset_schema.tables_in(session, dataset.name, services.settings.data_schema)
+        t = schema.tables_in(session, dataset.name, services.settings.data_schema)
         query = materialise.missing_query(session, t, run_id)
 
         def plan(statement: Any) -> str:

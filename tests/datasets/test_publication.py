@@ -10,9 +10,9 @@ from flask import Flask
 from sqlalchemy import Engine, inspect, select, text
 
 from simulator import CloudState
-from sync import evidence
 from sync.bootstrap import Services
 from sync.models import Publication, Run
+from sync.runs import evidence
 from tests.acceptance.flow import (
     finished_job,
     product_records,

@@ -28,8 +28,8 @@ from sqlalchemy import Column as SQLColumn
 from scrapesync.cli import main
 from simulator import CloudState
 from sync.bootstrap import Services
-from sync.dataset_tables import DatasetTables, Timestamp, retired_indexes, sql_type
-from sync.dataset_upgrade import upgrade_dataset
+from sync.datasets.tables import DatasetTables, Timestamp, retired_indexes, sql_type
+from sync.datasets.upgrade import upgrade_dataset
 from tests.acceptance.flow import product_records, use_datasets
 from tests.datasets.flow import (
     TYPED,

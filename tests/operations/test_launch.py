@@ -15,10 +15,10 @@ from config.datasets import parse_datasets
 from scrapesync.cli import main
 from simulator import CloudState, serve
 from simulator import create_app as create_simulator
-from sync import launch
 from sync.bootstrap import Services, worker_retry_policy
 from sync.cloud.client import CloudClient
 from sync.models import Launch, Run
+from sync.runs import launch
 from tests.harness import API_TOKEN, products_sitemap
 
 WINDOW = "2026-12-02"

@@ -14,9 +14,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from config.datasets import Datasets, parse_datasets
 from config.settings import Settings
 from simulator import CloudState
-from sync import bootstrap, jobs, outbox, reconcile, store
+from sync import bootstrap, jobs
 from sync.bootstrap import Services
 from sync.cloud.budget import MemoryApiBudget
+from sync.delivery import relay
+from sync.ingest import store
+from sync.operations import reconcile
 from tests.acceptance.flow import (
     DATASETS_TOML,
     SECRET,
@@ -146,7 +149,7 @@ def test_the_outbox_backlog_goes_up_when_events_wait_and_down_when_delivered(
     waiting = scrape()
     assert value(waiting, "scrapesync_outbox_backlog") == len(events) == 3
     assert value(waiting, "scrapesync_outbox_oldest_undelivered_age_seconds") >= 0
-    report = outbox.relay(services)
+    report = relay.relay(services)
     assert report.delivered == 3
     assert len(receiver.requests) == 3
     drained = scrape()

@@ -19,10 +19,11 @@ from sqlalchemy import func, select
 from config.datasets import parse_datasets
 from simulator import CloudState, generate_records
 from simulator import create_app as create_simulator
-from sync import bootstrap, jobs, reconcile, runs, store, tasks
+from sync import bootstrap, jobs
 from sync.bootstrap import Services
 from sync.cloud.budget import MemoryApiBudget
 from sync.cloud.client import CloudClient
+from sync.ingest import store, tasks
 from sync.models import (
     Attempt,
     Launch,
@@ -32,8 +33,10 @@ from sync.models import (
     Run,
     SyncTask,
 )
+from sync.operations import reconcile
+from sync.operations.reconcile import Wanted
 from sync.queue import RecordingDispatcher, RQDispatcher
-from sync.reconcile import Wanted
+from sync.runs import evaluation
 from tests.harness import API_TOKEN, DATASETS_TOML, drain, notify, products_sitemap
 
 pytestmark = pytest.mark.redis
@@ -80,7 +83,7 @@ def _observations(services: Services) -> int:
 def _due(services: Services) -> list[str]:
     """The runs due for evaluation, the list a pass judges."""
     with services.uow.begin() as session:
-        return runs.runs_due_for_evaluation(session)
+        return evaluation.runs_due_for_evaluation(session)
 
 
 def test_a_job_whose_notifications_were_all_lost_is_found_and_a_second_pass_does_nothing(
@@ -417,7 +420,7 @@ def test_a_launched_job_that_has_not_reported_back_holds_its_run_open(
 ) -> None:
     """Another job of the run committed, but the launched job is still scraping: the run is
     not judged until that job's sync commits too."""
-    from sync import launch
+    from sync.runs import launch
 
     launched = launch.launch(services, "products")
     assert launched.job_id is not None

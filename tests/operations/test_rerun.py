@@ -13,10 +13,10 @@ from sqlalchemy import select
 
 from scrapesync.cli import main
 from simulator import CloudState, generate_records
-from sync import launch, rerun
 from sync.bootstrap import Services
 from sync.models import Attempt, Launch, Observation, OutboxEvent, PartitionVerdict, Run
 from sync.models import ScrapingJob as JobRow
+from sync.runs import launch, rerun
 from tests.harness import drain, notify
 
 pytestmark = pytest.mark.redis

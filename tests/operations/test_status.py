@@ -20,8 +20,9 @@ from werkzeug.serving import make_server
 
 from scrapesync.cli import main
 from simulator import CloudState, generate_records
-from sync import launch, reconcile
 from sync.bootstrap import Services
+from sync.operations import reconcile
+from sync.runs import launch
 from tests.harness import drain, notify
 from webhooks import create_app
 
@@ -229,7 +230,8 @@ def test_the_status_page_renders_in_headless_chromium(
 
 def test_a_held_lease_shows_its_age(services: Services, cloud: CloudState) -> None:
     """A worker holding a lease: the task counts as leased and its lease has an age."""
-    from sync import status, store
+    from sync.ingest import store
+    from sync.operations import status
 
     with services.uow.begin() as session:
         store.want_sync(session, 4242, now=services.clock())

@@ -17,8 +17,9 @@ from sqlalchemy import select, update
 
 from config.settings import Settings
 from simulator import CloudState
-from sync import destinations, jobs, logs, outbox
+from sync import jobs, logs
 from sync.bootstrap import Services
+from sync.delivery import destinations, relay
 from sync.models import Attempt, Delivery, OutboxEvent
 from sync.queue import RQDispatcher
 from tests.acceptance.flow import (
@@ -148,12 +149,12 @@ def test_a_destination_that_times_out_after_receiving_gets_the_same_event_again(
     _run_id, events = accept_quietly(services, cloud)
     loopback.stall = {1}
     real = httpx.HTTPTransport()
-    first = outbox.relay(services, event_id=events[0], transport=real, timeout=0.3)
+    first = relay.relay(services, event_id=events[0], transport=real, timeout=0.3)
     assert (first.claimed, first.retrying) == (1, 1)
     (row, *_others) = deliveries(services)
     assert row.state == "failed"
     assert "ReadTimeout (uncertain)" in row.last_error
-    again = outbox.relay(later(services, 3600), event_id=events[0], transport=real, timeout=5)
+    again = relay.relay(later(services, 3600), event_id=events[0], transport=real, timeout=5)
     assert again.delivered == 1
     assert [r.event_id for r in loopback.requests] == [events[0], events[0]]
     assert all(r.signed for r in loopback.requests)
@@ -177,14 +178,14 @@ def test_a_destination_down_for_a_while_gets_the_event_later(
     receiver.plan = list(outage)  # type: ignore[arg-type]
     clock = services
     for attempt in range(1, 4):
-        report = outbox.relay(clock, event_id=events[0])
+        report = relay.relay(clock, event_id=events[0])
         assert (report.claimed, report.retrying) == (1, 1), attempt
         row = deliveries(services)[0]
         assert (row.state, row.attempts) == ("failed", attempt)
         assert row.next_attempt_at > clock.clock()
-        assert outbox.relay(clock, event_id=events[0]).claimed == 0  # not due yet
+        assert relay.relay(clock, event_id=events[0]).claimed == 0  # not due yet
         clock = at_time(services, row.next_attempt_at + timedelta(seconds=1))
-    assert outbox.relay(clock, event_id=events[0]).delivered == 1
+    assert relay.relay(clock, event_id=events[0]).delivered == 1
     assert deliveries(services)[0].state == "delivered"
     assert {r.event_id for r in receiver.requests} == {events[0]}
     assert len(receiver.requests) == 4
@@ -198,7 +199,7 @@ def test_a_429_waits_exactly_as_long_as_retry_after_says(
     _run_id, events = accept_quietly(services, cloud)
     receiver.plan = [lambda: httpx.Response(429, headers={"Retry-After": "2"})]
     now = services.clock()
-    outbox.relay(replace(services, clock=lambda: now, random=lambda: 0.99), event_id=events[0])
+    relay.relay(replace(services, clock=lambda: now, random=lambda: 0.99), event_id=events[0])
     row = deliveries(services)[0]
     assert (row.state, row.last_status) == ("failed", 429)
     assert destinations.backoff(1, 0.99) > 2
@@ -211,18 +212,18 @@ def test_a_destination_answering_400_is_failed_for_good_and_visible(
     """A 4xx refusal is terminal: dead with its status, shown on the event, never retried."""
     _run_id, events = accept_quietly(services, cloud)
     receiver.plan = [400]
-    report = outbox.relay(services, event_id=events[0])
+    report = relay.relay(services, event_id=events[0])
     assert (report.claimed, report.dead) == (1, 1)
     for hours in (1, 24, 24 * 30):
         # only the other events: the publication and its change feed
-        assert outbox.relay(later(services, hours * 3600)).claimed <= 2
+        assert relay.relay(later(services, hours * 3600)).claimed <= 2
     assert len(receiver.of_type("run.accepted")) == 1
     row = deliveries(services)[0]
     assert (row.state, row.attempts, row.last_status) == ("dead", 1, 400)
     assert "refused by the destination, not retried" in row.last_error
     assert event_states(services)["run.accepted"] == "dead"
     with services.uow.begin() as session:
-        assert outbox.due_deliveries(session, now=services.clock() + timedelta(days=90)) == 0
+        assert relay.due_deliveries(session, now=services.clock() + timedelta(days=90)) == 0
 
 
 def test_a_delivery_that_keeps_failing_ends_dead_after_its_budget(
@@ -233,7 +234,7 @@ def test_a_delivery_that_keeps_failing_ends_dead_after_its_budget(
     receiver.plan = [503] * destinations.MAX_ATTEMPTS
     clock = services
     for _ in range(destinations.MAX_ATTEMPTS):
-        outbox.relay(clock, event_id=events[0])
+        relay.relay(clock, event_id=events[0])
         clock = at_time(services, deliveries(services)[0].next_attempt_at + timedelta(seconds=1))
     row = deliveries(services)[0]
     assert (row.state, row.attempts) == ("dead", destinations.MAX_ATTEMPTS)
@@ -248,11 +249,11 @@ def test_a_delivery_lost_between_sending_and_marking_is_sent_again_with_the_same
     _run_id, events = accept_quietly(services, cloud)
     dying = replace(services, killpoints=CrashAt("after-delivery-send"))  # type: ignore[arg-type]
     with pytest.raises(Crash):
-        outbox.relay(dying, event_id=events[0])
+        relay.relay(dying, event_id=events[0])
     row = deliveries(services)[0]
     assert (row.state, row.attempts) == ("sending", 1)
-    assert outbox.relay(services, event_id=events[0]).claimed == 0  # lease still live
-    recovered = outbox.relay(later(services, 600), event_id=events[0])
+    assert relay.relay(services, event_id=events[0]).claimed == 0  # lease still live
+    recovered = relay.relay(later(services, 600), event_id=events[0])
     assert recovered.delivered == 1
     assert [r.event_id for r in receiver.requests] == [events[0], events[0]]
     assert receiver.events == {events[0]: "run.accepted"}
@@ -270,7 +271,7 @@ def test_redelivery_never_recollects_or_reimports(
         attempts = len(session.execute(select(Attempt)).all())
     clock = services
     for _ in range(3):
-        outbox.relay(clock)
+        relay.relay(clock)
         clock = later(clock, 7200)
     assert set(event_states(services).values()) == {"delivered"}
     assert len(cloud.requests) == calls
@@ -297,7 +298,7 @@ def test_a_missing_secret_is_a_visible_retryable_failure_naming_the_variable(
     """No secret in the environment: nothing is sent unsigned; the error names the variable."""
     _run_id, events = accept_quietly(services, cloud)
     services = replace(services, settings=replace(services.settings, environment={}))
-    outbox.relay(services, event_id=events[0])
+    relay.relay(services, event_id=events[0])
     row = deliveries(services)[0]
     assert row.state == "failed"
     assert SECRET_ENV in row.last_error
@@ -319,7 +320,7 @@ def test_secrets_never_reach_logs_errors_or_rows(
     key_part = SECRET.removeprefix("whsec_")
     receiver.plan = [lambda: httpx.Response(500, text=f"bad signature for {SECRET} {key_part}")]
     try:
-        outbox.relay(services)
+        relay.relay(services)
     finally:
         scrapesync.removeHandler(caplog.handler)
     lines = "\n".join(logs.JsonFormatter().format(r) for r in caplog.records)
@@ -367,7 +368,7 @@ def test_a_file_destination_gets_the_export_its_manifest_and_the_events(
     with services.uow.begin() as session:
         session.execute(update(Delivery).values(state="unsent"))
         session.commit()
-    assert outbox.relay(services).delivered == 3
+    assert relay.relay(services).delivered == 3
     assert data.read_bytes() == before
     assert sorted(p.name for p in (folder / "events").iterdir()) == events
 
@@ -395,14 +396,12 @@ def test_a_relay_that_lost_its_claim_writes_nothing(
         (first_id,) = session.execute(
             select(Delivery.id).where(Delivery.event_id == events[0])
         ).scalars()
-    slow = outbox._claim(services, first_id, lease_seconds=5)
+    slow = relay._claim(services, first_id, lease_seconds=5)
     assert slow is not None
-    fast = outbox._claim(later(services, 10), first_id, lease_seconds=5)
+    fast = relay._claim(later(services, 10), first_id, lease_seconds=5)
     assert fast is not None
     assert fast.attempts == slow.attempts + 1
-    assert outbox._settle(services, fast, destinations.Outcome("delivered", status=204))
-    assert not outbox._settle(
-        services, slow, destinations.Outcome("dead", status=400, error="late")
-    )
+    assert relay._settle(services, fast, destinations.Outcome("delivered", status=204))
+    assert not relay._settle(services, slow, destinations.Outcome("dead", status=400, error="late"))
     row = deliveries(services)[0]
     assert (row.state, row.attempts, row.last_status) == ("delivered", 2, 204)

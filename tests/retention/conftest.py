@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from config.datasets import parse_datasets
 from sync.bootstrap import Services
-from sync.dataset_tables import DatasetTables, tables_for
+from sync.datasets.tables import DatasetTables, tables_for
 from sync.models import Observation, Publication, Run
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

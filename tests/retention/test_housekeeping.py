@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from sync import maintenance, retention
 from sync.bootstrap import Services
 from sync.models import Attempt, Delivery, Notification, OutboxEvent
+from sync.operations import maintenance, retention
 from tests.retention.conftest import NOW
 
 pytestmark = pytest.mark.redis

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import func, insert, select
 
-from sync import maintenance, retention
 from sync.bootstrap import Services
-from sync.dataset_tables import DatasetTables
+from sync.datasets.tables import DatasetTables
 from sync.models import MaintenanceRun, OutboxEvent, PartitionVerdict, Run
-from sync.retention import WindowRun
+from sync.operations import maintenance, retention
+from sync.operations.retention import WindowRun
 from tests.retention.conftest import NOW, add_runs, observe, publish, window, windows_left
 
 pytestmark = pytest.mark.redis

@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 
 from sync.bootstrap import Services
+from sync.ingest.store import count_rows
 from sync.models import Notification, SyncTask
-from sync.store import count_rows
 from tests.harness import WEBHOOK_TOKEN
 
 pytestmark = pytest.mark.redis

@@ -19,8 +19,9 @@ from sqlalchemy import select
 
 from simulator import CloudState, generate_records
 from simulator import create_app as create_simulator
-from sync import bootstrap, tasks
+from sync import bootstrap
 from sync.bootstrap import Services
+from sync.ingest import tasks
 from sync.models import Observation, Run, ScrapingJob
 from tests.harness import (
     at_time,

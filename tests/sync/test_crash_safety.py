@@ -15,10 +15,10 @@ from sqlalchemy import select
 
 from simulator import CloudState
 from simulator.server import SimServer
-from sync import sweeper
 from sync.bootstrap import Services
+from sync.ingest import sweeper
+from sync.ingest.store import count_rows
 from sync.models import Notification, Observation, SyncTask
-from sync.store import count_rows
 from tests.harness import (
     BIN,
     WEBHOOK_TOKEN,

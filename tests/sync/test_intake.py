@@ -12,9 +12,9 @@ from sqlalchemy import select, text
 from simulator import CloudState
 from sync import bootstrap
 from sync.bootstrap import Services
+from sync.ingest.store import count_rows
 from sync.models import Notification, SyncTask
 from sync.queue import RQDispatcher, sync_job_id
-from sync.store import count_rows
 from tests.harness import WEBHOOK_TOKEN, notify
 from webhooks import create_app
 
@@ -220,7 +220,7 @@ def test_an_unexpected_error_answers_500_and_never_logs_the_token(
 ) -> None:
     """A bug behind the intake gives Cloud a short JSON 500 (it will retry), and the error's
     log line shows the path with the token replaced."""
-    from sync import store
+    from sync.ingest import store
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug")

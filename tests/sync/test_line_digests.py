@@ -14,17 +14,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select, text
 
-from sync import line_digests
 from sync.bootstrap import Services
 from sync.cloud import client
 from sync.cloud.client import CloudClient
 from sync.cloud.download import KnownLines
 from sync.identity import Identified, RecordIdentity
-from sync.line_digests import LineDigests
+from sync.ingest import line_digests
+from sync.ingest.line_digests import LineDigests
+from sync.ingest.records import ExportRead, stage_export
+from sync.ingest.repeat import read_rules
+from sync.ingest.staging import ObservationStager, Source, UpsertCounts
 from sync.models import Observation
-from sync.records import ExportRead, stage_export
-from sync.repeat import read_rules
-from sync.staging import ObservationStager, Source, UpsertCounts
 
 pytestmark = pytest.mark.postgres
 

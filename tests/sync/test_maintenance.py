@@ -10,9 +10,9 @@ from flask import Flask
 from redis import Redis
 
 from simulator import CloudState
-from sync import maintenance
 from sync.bootstrap import Services
 from sync.db import UnitOfWork, make_engine
+from sync.operations import maintenance
 from sync.queue import RQDispatcher, sync_job_id
 from tests.harness import notify, products_sitemap, task_of
 

@@ -13,8 +13,8 @@ from sqlalchemy import select
 
 from config.datasets import parse_datasets
 from simulator import CloudState, generate_records
-from sync import repeat, tasks
 from sync.bootstrap import Services
+from sync.ingest import repeat, tasks
 from sync.models import Observation
 from tests.harness import DATASETS_TOML, attempts_of, drain, notify, products_sitemap
 

@@ -10,8 +10,8 @@ from sqlalchemy import select
 
 from sync.bootstrap import Services
 from sync.identity import RecordIdentity
+from sync.ingest.staging import ObservationStager, Source, UpsertCounts
 from sync.models import Observation
-from sync.staging import ObservationStager, Source, UpsertCounts
 
 pytestmark = pytest.mark.postgres
 

@@ -14,10 +14,10 @@ from flask import Flask
 from sqlalchemy import Engine, func, select, text
 
 from simulator import CloudState
-from sync import failures, staging, store, sweeper, tasks
 from sync.bootstrap import Services
 from sync.identity import observation_key
-from sync.line_digests import LineDigests
+from sync.ingest import failures, staging, store, sweeper, tasks
+from sync.ingest.line_digests import LineDigests
 from sync.models import MaintenanceRun, Observation, Run
 from sync.queue import RQDispatcher
 from tests.harness import (
@@ -675,7 +675,7 @@ def test_a_notification_racing_a_reconcile_that_claimed_the_job_downloads_it_onc
     notification lands during that lease and asks for one more sync, which costs one call."""
     import dataclasses
 
-    from sync import reconcile
+    from sync.operations import reconcile
 
     job_id = _finished_job(cloud, n=6000)
     key = f"job-{job_id}"

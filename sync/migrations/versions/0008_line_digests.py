@@ -1,6 +1,6 @@
 """Line digests: each observation keeps the digest of the export line it was last written from,
 so a later import of the same run that finds that line again knows the record unchanged without
-parsing it (see :mod:`sync.line_digests`).
+parsing it (see :mod:`sync.ingest.line_digests`).
 
 Revision ID: 0008
 Revises: 0007

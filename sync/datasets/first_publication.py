@@ -1,0 +1,120 @@
+"""A dataset's first publication on PostgreSQL: the rows whose every value is plain are cast and
+copied by the database in one ``INSERT … SELECT``, so that only the rest pass through Python.
+
+"Plain" is chosen so that the database reads a value exactly as :func:`sync.casts.cast` does,
+which stays the one definition of a cast: a missing or null value; an empty string (NULL); text
+holding an ASCII letter or digit, for a ``text`` column (kept as it is); ``-?digits(.digits)?``
+written as a string, or a whole JSON number, for a ``numeric`` column; a string or a JSON
+number of at most 18 digits for an ``integer`` column; a JSON ``true`` or ``false`` for a
+``boolean`` column. Anything else (currency signs, grouping, decimal commas, fractions written as
+JSON numbers, timestamps, JSON values, and every value that fails its cast) takes the row through
+Python, whose casts keep the failures.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, text
+from sqlalchemy.orm import Session
+
+from config.columns import Column
+from sync.datasets.tables import DatasetTables
+from sync.models import Observation
+from sync.states import ValidationState
+
+_ALNUM = "[A-Za-z0-9]"
+_MAX_DIGITS = 30  # on either side of a plain numeric value's decimal point
+_BIGINT_DIGITS = 18  # a plain integer's digits: always within 64 bits
+
+
+# Unbounded patterns with the digit counts checked by length: PostgreSQL's regular expressions
+# spend several times longer on a bounded repetition such as [0-9]{1,30}.
+def _decimal(s: str) -> str:
+    """``s`` is ``-?digits(.digits)?`` with at most _MAX_DIGITS digits on either side."""
+    n = _MAX_DIGITS
+    return (
+        f"({s} ~ '^-?[0-9]+(\\.[0-9]+)?$' AND (length({s}) <= {n} OR "
+        f"(length(ltrim(split_part({s}, '.', 1), '-')) <= {n} "
+        f"AND length(split_part({s}, '.', 2)) <= {n})))"
+    )
+
+
+def _whole(s: str, digits: int) -> str:
+    """``s`` is ``-?digits`` with at most ``digits`` digits."""
+    return f"({s} ~ '^-?[0-9]+$' AND length(ltrim({s}, '-')) <= {digits})"
+
+
+def _plain(column: Column, t: str, s: str) -> tuple[str, str]:
+    """(the condition that a value is plain, the SQL that casts it), the value given by its
+    JSON type ``t`` (NULL when the field is missing) and its text ``s``."""
+    absent = f"({t} IS NULL OR {t} = 'null' OR ({t} = 'string' AND {s} = ''))"
+    if column.type == "text":
+        return f"({absent} OR ({t} = 'string' AND {s} ~ '{_ALNUM}'))", (
+            f"CASE WHEN {t} = 'string' AND {s} <> '' THEN {s} END"
+        )
+    if column.type == "numeric" and column.decimal == ".":
+        return (
+            f"({absent} OR ({t} = 'string' AND {_decimal(s)})"
+            f" OR ({t} = 'number' AND {_whole(s, _MAX_DIGITS)}))",
+            f"CASE WHEN {t} IN ('string', 'number') AND {s} <> '' THEN ({s})::numeric END",
+        )
+    if column.type == "integer":
+        return (
+            f"({absent} OR ({t} IN ('string', 'number') AND {_whole(s, _BIGINT_DIGITS)}))",
+            f"CASE WHEN {t} IN ('string', 'number') AND {s} <> '' THEN ({s})::bigint END",
+        )
+    if column.type == "boolean":
+        return (
+            f"({absent} OR {t} = 'boolean')",
+            f"CASE WHEN {t} = 'boolean' THEN ({s})::boolean END",
+        )
+    return absent, "NULL"
+
+
+def copy_plain_rows(
+    session: Session, tables: DatasetTables, *, run_id: str, window: str, start: datetime
+) -> int:
+    """Write to the (empty) table every valid observation of the run whose values are all
+    plain; returns how many rows were written."""
+    quote = session.get_bind().dialect.identifier_preparer.quote
+    params: dict[str, Any] = {
+        "run_id": run_id,
+        "window": window,
+        "start": start,
+        "valid": ValidationState.VALID.value,
+    }
+    conditions: list[str] = []
+    values: list[str] = []
+    extracted: list[str] = []
+    for i, column in enumerate(tables.columns):
+        params[f"f{i}"] = column.field
+        extracted.append(f"jsonb_typeof(o.payload -> :f{i}) AS t{i}, o.payload ->> :f{i} AS s{i}")
+        condition, value = _plain(column, f"e.t{i}", f"e.s{i}")
+        conditions.append(condition)
+        values.append(value)
+    target = (
+        f"{quote(tables.schema)}.{quote(tables.current.name)}"
+        if tables.schema
+        else (quote(tables.current.name))
+    )
+    names = ", ".join(quote(c.name) for c in tables.columns)
+    statement = (
+        f"INSERT INTO {target} (entity_key, {names}, partition, run_id, collection_window, "  # noqa: S608 - names are quoted identifiers
+        "first_seen_at, last_changed_at, cast_failures, payload_hash, changed_by_run_id) "
+        f"SELECT o.entity_key, {', '.join(values)}, o.partition, CAST(:run_id AS text), "
+        "CAST(:window AS text), CAST(:start AS timestamptz), "
+        "CAST(:start AS timestamptz), NULL, o.payload_hash, CAST(:run_id AS text) "
+        f"FROM {Observation.__tablename__} o "
+        # each value's type and text are taken from the payload once (OFFSET 0 keeps the
+        # planner from inlining them into every condition that reads them)
+        f"CROSS JOIN LATERAL (SELECT {', '.join(extracted)} OFFSET 0) AS e "
+        "WHERE o.run_id = :run_id AND o.validation_state = :valid"
+        + "".join(f" AND {c}" for c in conditions)
+        # in key order, so the table's primary key grows at its right edge instead of
+        # splitting pages all over it: an export comes in crawl order
+        + " ORDER BY o.entity_key"
+    )
+    result = cast(CursorResult[Any], session.execute(text(statement), params))
+    return int(result.rowcount or 0)

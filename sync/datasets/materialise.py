@@ -1,0 +1,316 @@
+"""Bringing a dataset's table ``X`` to its published run, inside the transaction that moves the
+published pointer, so a reader holding one snapshot sees the old run or the new one whole.
+
+The published view of run R: R's observations marked valid (its passed partitions), plus the rows
+``X`` already holds of the partitions R quarantined (kept as they are, with the run id they came
+from; never reported removed). Every other entity leaves ``X``. Rejected runs and quarantined
+partitions never appear.
+
+Only what changed is read into Python: the database itself finds R's observations whose entity is
+new to ``X`` or whose payload hash differs from the row's, and the rows of ``X`` that R no longer
+has; those are cast and compared (:func:`sync.datasets.changes.compare`), written in bulk, and
+recorded in the history (:mod:`sync.datasets.history`) and the change feed
+(:mod:`sync.datasets.change_feed`). The rows R left as they were only take R's run id and window, in
+one UPDATE.
+
+Withdrawal: when a published run is rejected later, its publication is undone in the history (the
+stretches it opened are deleted, those it closed reopened) and ``X`` is brought to the run the
+pointer falls back to; with none to fall back on, ``X`` is emptied and every entity is reported
+removed.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import Select, Text, cast, exists, func, select, update
+from sqlalchemy.orm import Session
+
+from config.columns import watch_by_column
+from config.datasets import Dataset
+from sync.acceptance.facts import NO_PARTITION
+from sync.casts import cast_record
+from sync.datasets import change_feed, first_publication
+from sync.datasets import history as dataset_history
+from sync.datasets import schema as dataset_schema
+from sync.datasets.changes import ADDED, ChangeSet, Values, compare
+from sync.datasets.history import Row
+from sync.datasets.rows import delete_keys, insert_rows
+from sync.datasets.tables import DatasetTables
+from sync.db import planner_method_off
+from sync.models import Observation, PartitionVerdict, Publication, Run
+from sync.states import PartitionState, ValidationState
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """An observation of the run that ``X`` does not hold as it is."""
+
+    entity_key: str
+    partition: str | None
+    payload: dict[str, Any]
+    payload_hash: str
+    before: Values | None  # the row X holds now, if any
+
+
+@dataclass(frozen=True)
+class Materialised:
+    """What a publication did to the dataset's tables: the change set and its events."""
+
+    changes: ChangeSet
+    events: tuple[str, ...]
+
+
+def apply_publication(
+    session: Session,
+    dataset: Dataset,
+    run: Run,
+    *,
+    schema: str,
+    now: datetime,
+    previous_run_id: str | None = None,
+    replacing: str | None = None,
+) -> Materialised:
+    """Bring the dataset's table to ``run``'s published view, with its history and change feed;
+    ``replacing`` is a published run being withdrawn in its favour."""
+    tables = dataset_schema.tables_in(session, dataset.name, schema)
+    # the history held nothing before this publication (a first copy fills the table below)
+    fresh = dataset_history.is_empty(session, tables)
+    copied = _copy_plain_first(session, dataset, tables, run) if fresh else 0
+    # a first publication that copied every row leaves nothing for Python to cast or compare
+    complete = copied > 0 and copied == _valid_count(session, run.run_id)
+    seen = [] if complete else _new_and_changed(session, tables, run.run_id)
+    if not dataset.columns:
+        fields = {name for s in seen for name in s.payload}
+        added = dataset_schema.new_columns(tables.columns, fields)
+        tables = dataset_schema.add_columns(session, tables, added, schema)
+    gone: dict[str, Values] = {}
+    if not copied:  # after a first copy the table holds only rows of this run
+        quarantined = _quarantined(session, run.run_id)
+        gone = {
+            key: values
+            for key, (partition, values) in _missing(session, tables, run.run_id).items()
+            if (partition if partition is not None else NO_PARTITION) not in quarantined
+        }
+    rows: dict[str, Row | None] = dict.fromkeys(gone)
+    failures: dict[str, list[dict[str, Any]] | None] = {}
+    before: dict[str, Values] = dict(gone)
+    after: dict[str, Values] = {}
+    for s in seen:
+        values, failed = cast_record(tables.columns, s.payload)
+        rows[s.entity_key] = Row(values, s.partition, s.payload_hash)
+        failures[s.entity_key] = [f.as_dict() for f in failed] or None
+        after[s.entity_key] = values
+        if s.before is not None:
+            before[s.entity_key] = s.before
+    baseline = not _published_before(session, dataset.name)
+    changes = compare(
+        dataset.name,
+        run.run_id,
+        previous_run_id,
+        before,
+        after,
+        watch_by_column(dataset.watch),
+        baseline=baseline,
+    )
+    if copied:  # a baseline, counted only: the rows the database copied are added too
+        changes = replace(changes, totals={**changes.counts(), ADDED: len(after) + copied})
+    start = dataset_history.window_start(run)
+    was_empty = copied > 0 or (not before and not _has_rows(session, tables))
+    # a run published again corrects what it wrote before; a fallback undoes the withdrawn run
+    undo = {replacing} if replacing else {run.run_id}
+    if fresh:  # nothing to reconcile: each row opens its entity's first stretch
+        dates = {key: dataset_history.Dates(start, start, run.run_id) for key in after}
+    else:
+        dates = dataset_history.record(
+            session, tables, rows, run_id=run.run_id, start=start, undo=undo
+        )
+    replaced = [s.entity_key for s in seen if s.before is not None]
+    delete_keys(session, tables.current, "entity_key", replaced + list(gone))
+    insert_rows(
+        session,
+        tables.current,
+        [
+            {
+                "entity_key": s.entity_key,
+                **after[s.entity_key],
+                "partition": s.partition,
+                "run_id": run.run_id,
+                "collection_window": run.collection_window,
+                "first_seen_at": dates[s.entity_key].first_seen_at,
+                "last_changed_at": dates[s.entity_key].last_changed_at,
+                "changed_by_run_id": dates[s.entity_key].changed_by_run_id,
+                "cast_failures": failures[s.entity_key],
+                "payload_hash": s.payload_hash,
+            }
+            for s in seen
+        ],
+    )
+    if not was_empty:  # rows written before this publication may have been observed unchanged
+        _take_unchanged(session, tables, run)
+    events = change_feed.announce(session, tables, dataset, changes, revision=run.revision, now=now)
+    return Materialised(changes, tuple(events))
+
+
+def apply_withdrawal(
+    session: Session, dataset: Dataset, run: Run, *, schema: str, now: datetime
+) -> Materialised:
+    """Empty the dataset's table when its published ``run`` is withdrawn with no other run to
+    fall back on: the run's own stretches are undone and every other open one ends at its
+    window; every entity is reported removed."""
+    tables = dataset_schema.tables_in(session, dataset.name, schema)
+    names = [c.name for c in tables.columns]
+    current = tables.current
+    before = {
+        r["entity_key"]: {n: r[n] for n in names}
+        for r in session.execute(select(current)).mappings()
+    }
+    changes = compare(dataset.name, run.run_id, run.run_id, before, {}, {})
+    dataset_history.record(
+        session,
+        tables,
+        dict.fromkeys(before),
+        run_id=run.run_id,
+        start=dataset_history.window_start(run),
+        undo={run.run_id},
+    )
+    session.execute(current.delete())
+    events = change_feed.announce(session, tables, dataset, changes, revision=run.revision, now=now)
+    return Materialised(changes, tuple(events))
+
+
+def _copy_plain_first(session: Session, dataset: Dataset, tables: DatasetTables, run: Run) -> int:
+    """On PostgreSQL, a dataset's first publication into empty tables (the caller checked them)
+    has the database cast and copy the rows whose values are all plain
+    (:mod:`sync.datasets.first_publication`); returns how many."""
+    if (
+        not dataset.columns
+        or dataset_schema.dialect_of(session) != "postgresql"
+        or _published_before(session, dataset.name)
+    ):
+        return 0
+    return first_publication.copy_plain_rows(
+        session,
+        tables,
+        run_id=run.run_id,
+        window=run.collection_window,
+        start=dataset_history.window_start(run),
+    )
+
+
+def _valid(run_id: str) -> Any:
+    o = Observation.__table__.c
+    return (o.run_id == run_id) & (o.validation_state == ValidationState.VALID)
+
+
+def _new_and_changed(session: Session, tables: DatasetTables, run_id: str) -> list[_Seen]:
+    """The run's valid observations whose entity ``X`` lacks or holds with another payload
+    hash, with the row ``X`` holds of it."""
+    o = Observation.__table__.c
+    x = tables.current.c
+    names = [c.name for c in tables.columns]
+    query = (
+        select(
+            o.entity_key,
+            o.partition,
+            cast(o.payload, Text).label("_payload"),
+            o.payload_hash,
+            x.entity_key.label("_known"),
+            *(x[n].label(f"_x_{n}") for n in names),
+        )
+        .select_from(Observation.__table__.outerjoin(tables.current, x.entity_key == o.entity_key))
+        .where(_valid(run_id), x.entity_key.is_(None) | (x.payload_hash != o.payload_hash))
+    )
+    found = []
+    for r in session.execute(query).mappings():
+        known = r["_known"] is not None
+        found.append(
+            _Seen(
+                entity_key=r["entity_key"],
+                partition=r["partition"],
+                payload=orjson.loads(r["_payload"]),
+                payload_hash=r["payload_hash"],
+                before={n: r[f"_x_{n}"] for n in names} if known else None,
+            )
+        )
+    return found
+
+
+def missing_query(session: Session, tables: DatasetTables, run_id: str) -> Select[Any]:
+    """The rows of ``X`` whose entity has no valid observation in the run."""
+    o = Observation.__table__.c
+    x = tables.current.c
+    names = [c.name for c in tables.columns]
+    if dataset_schema.dialect_of(session) == "postgresql":  # a hash anti-join
+        absent = ~exists().where(_valid(run_id), o.entity_key == x.entity_key)
+    else:  # SQLite makes the list an ephemeral index, where NOT EXISTS scans per row
+        absent = x.entity_key.not_in(select(o.entity_key).where(_valid(run_id)))
+    return select(x.entity_key, x.partition, *(x[n] for n in names)).where(absent)
+
+
+def whole_set_joins(session: Session) -> AbstractContextManager[None]:
+    """Joins of a whole run with a whole table by hash or merge, never a nested loop.
+
+    Observations have no index on ``entity_key``, and the statistics PostgreSQL plans with
+    predate the run being published (its rows were written, then marked valid, moments ago):
+    planned from them, a run looks like one row, and the anti-join becomes a nested loop that
+    scans the run once per row of ``X`` (seconds at 20,000 rows, hours at a million)."""
+    return planner_method_off(session, "enable_nestloop")
+
+
+def _missing(
+    session: Session, tables: DatasetTables, run_id: str
+) -> dict[str, tuple[str | None, Values]]:
+    """The rows of ``X`` whose entity has no valid observation in the run: entity key ->
+    (partition, values)."""
+    names = [c.name for c in tables.columns]
+    with whole_set_joins(session):
+        rows = session.execute(missing_query(session, tables, run_id)).mappings().all()
+    return {r["entity_key"]: (r["partition"], {n: r[n] for n in names}) for r in rows}
+
+
+def _valid_count(session: Session, run_id: str) -> int:
+    """How many valid observations the run holds."""
+    return int(session.execute(select(func.count()).where(_valid(run_id))).scalar_one())
+
+
+def _has_rows(session: Session, tables: DatasetTables) -> bool:
+    return bool(session.execute(select(exists().select_from(tables.current))).scalar_one())
+
+
+def _quarantined(session: Session, run_id: str) -> set[str]:
+    """The partitions the run quarantined (``(none)`` for records of no partition)."""
+    return set(
+        session.execute(
+            select(PartitionVerdict.partition).where(
+                PartitionVerdict.run_id == run_id,
+                PartitionVerdict.state == PartitionState.QUARANTINED,
+            )
+        ).scalars()
+    )
+
+
+def _published_before(session: Session, dataset: str) -> bool:
+    """Whether the dataset had a publication before the one being made."""
+    count = session.execute(select(func.count()).where(Publication.dataset == dataset)).scalar_one()
+    return int(count) > 1
+
+
+def _take_unchanged(session: Session, tables: DatasetTables, run: Run) -> None:
+    """The rows the run observed unchanged now come from it."""
+    o = Observation.__table__.c
+    x = tables.current.c
+    with whole_set_joins(session):  # the whole run against the whole table, as in _missing
+        session.execute(
+            update(tables.current)
+            .where(
+                x.run_id != run.run_id,
+                x.entity_key.in_(select(o.entity_key).where(_valid(run.run_id))),
+            )
+            .values(run_id=run.run_id, collection_window=run.collection_window)
+            .execution_options(synchronize_session=False)
+        )

@@ -1,0 +1,1 @@
+"""Step 7 and the maintenance pass: reconcile, retention, heartbeat, status, doctor."""

@@ -1,0 +1,482 @@
+"""Evaluating, accepting and publishing runs.
+
+After a sync commits, its run is evaluated. Cloud's data-quality result and problematic URLs of
+the run's finished jobs are fetched first, outside any transaction. Then ONE transaction reads
+the run's tasks, jobs and observations (streamed, a few thousand rows at a time, into per
+partition tallies that also give the run's profile) and the profiles of the dataset's last
+accepted runs (read by :mod:`sync.runs.evidence`), judges them with the pure rules of
+:mod:`sync.acceptance`, and writes everything the verdict changes: partition verdicts,
+quarantined observations, the run's state, reasons and revision, its profile (kept while it is
+accepted), the dataset's published pointer (moved by :mod:`sync.runs.publication`), and the outbox
+events that announce it. Until that commit the previously published run
+stays published, readable in full.
+
+Repeat-safety: a run's ``revision`` goes up only when its verdict or its data changed (a new
+state, another set of passing partitions, or observations rewritten since the last verdict);
+event ids are derived from run id, event type and revision, so evaluating twice never announces
+one change twice. On PostgreSQL the transaction runs at REPEATABLE READ, so a sync or another
+evaluation that commits in between makes this one retry instead of marking rows it never read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import islice
+from typing import Any
+
+from sqlalchemy import case, delete, func, or_, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import Session
+
+from config.datasets import Dataset
+from sync import logs, outbox
+from sync.acceptance.facts import ACCEPTED, CANDIDATE, NO_PARTITION, Judgement
+from sync.acceptance.verdict import judge, waiting_for_tasks
+from sync.bootstrap import Services
+from sync.cloud.errors import CloudError
+from sync.datasets import schema
+from sync.models import (
+    Launch,
+    Observation,
+    PartitionVerdict,
+    Run,
+    RunProfile,
+    ScrapingJob,
+    SyncTask,
+)
+from sync.runs import evidence, publication
+from sync.states import LaunchState, PartitionState, RunState, TaskState, ValidationState
+
+log = logs.get("runs")
+
+DECIDED = (RunState.ACCEPTED, RunState.PUBLISHED, RunState.REJECTED)
+OPEN = (RunState.COLLECTING, RunState.CANDIDATE)
+PROBLEMATIC_URL_LIMIT = 500
+CONFLICT_RETRIES = 5
+# a serialization failure, a deadlock, a lock not granted in time (a column being added)
+_RETRYABLE_SQLSTATES = ("40001", "40P01", "55P03")
+_CHUNK = 500  # run ids per IN (...) list, well under any driver's parameter limit
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What one evaluation of a run did."""
+
+    run_id: str
+    outcome: str
+    state: str | None
+    revision: int = 0
+    events: tuple[str, ...] = ()
+    reasons: tuple[dict[str, Any], ...] = ()
+
+
+# --- the use case -------------------------------------------------------------------------------
+
+
+def evaluate_run(services: Services, run_id: str) -> Evaluation:
+    """Judge a run and write its verdict, publication and outbox events in one transaction."""
+    _ensure_tables(services, run_id)
+    errors = _refresh_cloud_facts(services, run_id)
+    for attempt in range(1, CONFLICT_RETRIES + 1):
+        try:
+            result = _decide(services, run_id, errors)
+            break
+        except (OperationalError, IntegrityError) as exc:
+            if attempt == CONFLICT_RETRIES or not _is_conflict(exc):
+                raise
+            log.info("evaluation.conflict", extra={"run_id": run_id, "attempt": attempt})
+    services.killpoints.reached("after-acceptance")
+    for event_id in result.events:
+        services.dispatcher.delivery(event_id)
+    log.info(
+        "run.evaluated",
+        extra={
+            "run_id": run_id,
+            "outcome": result.outcome,
+            "state": result.state,
+            "revision": result.revision,
+            "events": list(result.events),
+        },
+    )
+    return result
+
+
+def _ensure_tables(services: Services, run_id: str) -> None:
+    """Create the run's dataset tables, if missing, before the evaluating transaction needs them."""
+    with services.uow.begin() as session:
+        dataset_name = session.execute(
+            select(Run.dataset).where(Run.run_id == run_id)
+        ).scalar_one_or_none()
+    if dataset_name is not None and dataset_name in services.datasets.by_name:
+        schema.ensure_tables(
+            services.uow, services.datasets.get(dataset_name), services.settings.data_schema
+        )
+
+
+def _is_conflict(exc: OperationalError | IntegrityError) -> bool:
+    """A serialization failure, a deadlock, or a race for the published pointer."""
+    if isinstance(exc, IntegrityError):
+        return "publications" in str(exc.orig)
+    return getattr(exc.orig, "sqlstate", None) in _RETRYABLE_SQLSTATES
+
+
+def _refresh_cloud_facts(services: Services, run_id: str) -> dict[int, str]:
+    """Fetch Cloud's data-quality result and problematic URLs of the run's finished jobs that
+    changed since they were last fetched; returns the jobs whose facts could not be read."""
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        if run is None or run.dataset not in services.datasets.by_name:
+            return {}
+        if evidence.pending_tasks(session, run_id):
+            return {}
+        dataset = services.datasets.get(run.dataset)
+        j = ScrapingJob.__table__.c
+        stale = session.execute(
+            select(
+                j.job_id,
+                j.last_seen_at,
+                (j.jobs_failed + j.jobs_empty + j.jobs_no_value).label("problems"),
+            ).where(
+                j.run_id == run_id,
+                j.status == "finished",
+                or_(j.quality_checked_at.is_(None), j.quality_checked_at < j.last_seen_at),
+            )
+        ).all()
+    if not stale:
+        return {}
+    errors: dict[int, str] = {}
+    with services.cloud() as cloud:
+        for job_id, seen_at, problems in stale:
+            try:
+                quality = (
+                    cloud.get_data_quality(job_id) if dataset.quality.use_cloud_quality else None
+                )
+                urls = (
+                    [
+                        {"url": u.url, "type": u.type}
+                        for u in islice(cloud.iter_problematic_urls(job_id), PROBLEMATIC_URL_LIMIT)
+                    ]
+                    if problems
+                    else []
+                )
+            except CloudError as exc:
+                errors[job_id] = f"{type(exc).__name__}: {exc}"
+                log.warning(
+                    "evaluation.cloud_facts_unavailable",
+                    extra={"run_id": run_id, "job_id": job_id, "error": errors[job_id]},
+                )
+                continue
+            with services.uow.begin() as session:
+                # Stamped with the sync it belongs to: a later sync makes it stale again.
+                session.execute(
+                    update(ScrapingJob)
+                    .where(ScrapingJob.job_id == job_id, ScrapingJob.last_seen_at == seen_at)
+                    .values(data_quality=quality, problematic_urls=urls, quality_checked_at=seen_at)
+                )
+                session.commit()
+    return errors
+
+
+def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evaluation:
+    with services.uow.begin() as session:
+        if services.uow.dialect == "postgresql":
+            session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+        now = services.clock()
+        # The first statement writes, so it holds the run (and SQLite's write lock) throughout.
+        touched = session.execute(update(Run).where(Run.run_id == run_id).values(updated_at=now))
+        if not touched.rowcount:  # type: ignore[attr-defined]
+            return Evaluation(run_id, "unknown", None)
+        run = session.execute(select(Run).where(Run.run_id == run_id)).scalar_one()
+        if run.dataset not in services.datasets.by_name:
+            log.warning("evaluation.unconfigured", extra={"run_id": run_id, "dataset": run.dataset})
+            return Evaluation(run_id, "unconfigured", run.state, run.revision)
+        dataset = services.datasets.get(run.dataset)
+        waiting = waiting_for_tasks(evidence.pending_tasks(session, run_id))
+        if waiting is not None:
+            if run.state in OPEN:
+                run.state = RunState.CANDIDATE
+                run.reasons = [waiting.as_dict()]
+                run.evaluated_at = now
+                session.commit()
+            return Evaluation(
+                run_id, "waiting", run.state, run.revision, reasons=(waiting.as_dict(),)
+            )
+        tallies, pending_rows = evidence.tally(session, run_id, dataset)
+        services.killpoints.reached("mid-evaluation")
+        judgement = judge(
+            dataset,
+            jobs=evidence.job_facts(session, run_id, errors),
+            imports=evidence.import_facts(session, run_id),
+            tallies=tallies,
+            history=evidence.accepted_history(session, run, limit=dataset.quality.baseline_runs),
+            run_id=run_id,
+        )
+        if judgement.state == CANDIDATE:
+            # Waiting for Cloud's data-quality result: evaluated_at stays, so the sweep retries.
+            if run.state in OPEN:
+                run.state = RunState.CANDIDATE
+                run.reasons = [r.as_dict() for r in judgement.reasons]
+                session.commit()
+            return Evaluation(
+                run_id,
+                "waiting",
+                run.state,
+                run.revision,
+                reasons=tuple(r.as_dict() for r in judgement.reasons),
+            )
+        result = _apply(
+            session,
+            run,
+            dataset,
+            judgement,
+            pending_rows,
+            now,
+            schema=services.settings.data_schema,
+        )
+        session.commit()
+        return result
+
+
+def _apply(
+    session: Session,
+    run: Run,
+    dataset: Dataset,
+    judgement: Judgement,
+    pending_rows: int,
+    now: datetime,
+    *,
+    schema: str,
+) -> Evaluation:
+    old_state = run.state
+    old_verdicts = dict(
+        session.execute(
+            select(PartitionVerdict.partition, PartitionVerdict.state).where(
+                PartitionVerdict.run_id == run.run_id
+            )
+        ).all()
+    )
+    new_verdicts = {
+        p.partition: PartitionState.PASSED if p.passed else PartitionState.QUARANTINED
+        for p in judgement.partitions
+    }
+    was_accepted = old_state in (RunState.ACCEPTED, RunState.PUBLISHED)
+    now_accepted = judgement.state == ACCEPTED
+    changed = (
+        old_state not in DECIDED
+        or was_accepted != now_accepted
+        or old_verdicts != new_verdicts
+        or pending_rows > 0
+    )
+    _write_partition_verdicts(session, run.run_id, judgement, now)
+    _mark_observations(session, run.run_id, judgement)
+    run.reasons = [r.as_dict() for r in judgement.reasons]
+    run.evaluated_at = now
+    events: list[str] = []
+    if changed:
+        run.revision += 1
+        summary = _summary(run, judgement)
+        if now_accepted:
+            run.accepted_at = now
+            if old_state != RunState.PUBLISHED:
+                run.state = RunState.ACCEPTED
+            events.append(_announce(session, dataset, run, "run.accepted", summary, now))
+            current = publication.current_publication(session, dataset.name)
+            if publication.publishes(session, run, current):
+                events.extend(
+                    publication.publish(
+                        session,
+                        dataset,
+                        run,
+                        records=judgement.counted_records,
+                        previous=current,
+                        now=now,
+                        schema=schema,
+                    )
+                )
+        else:
+            run.state = RunState.REJECTED
+            events.append(_announce(session, dataset, run, "run.rejected", summary, now))
+            events.extend(publication.withdraw(session, dataset, run, now, schema=schema))
+    _keep_profile(session, run, judgement, now)
+    outcome = run.state if changed else "unchanged"
+    return Evaluation(
+        run.run_id,
+        outcome,
+        run.state,
+        run.revision,
+        events=tuple(events),
+        reasons=tuple(run.reasons),
+    )
+
+
+def _summary(run: Run, judgement: Judgement) -> dict[str, Any]:
+    return {
+        "run_id": run.run_id,
+        "dataset": run.dataset,
+        "collection_window": run.collection_window,
+        "revision": run.revision,
+        "state": judgement.state,
+        "records": judgement.counted_records,
+        "partitions": {
+            p.partition: {
+                "state": PartitionState.PASSED if p.passed else PartitionState.QUARANTINED,
+                "records": p.records,
+            }
+            for p in judgement.partitions
+        },
+        "reasons": [r.as_dict() for r in judgement.reasons],
+    }
+
+
+def _announce(
+    session: Session,
+    dataset: Dataset,
+    run: Run,
+    event_type: str,
+    payload: dict[str, Any],
+    now: datetime,
+) -> str:
+    return outbox.write_event(
+        session,
+        event_type=event_type,
+        run_id=run.run_id,
+        dataset=dataset.name,
+        revision=run.revision,
+        payload=payload,
+        destinations=[d.key for d in dataset.destinations],
+        now=now,
+    )
+
+
+# --- writing the verdict ------------------------------------------------------------------------
+
+
+def _write_partition_verdicts(
+    session: Session, run_id: str, judgement: Judgement, now: datetime
+) -> None:
+    session.execute(delete(PartitionVerdict).where(PartitionVerdict.run_id == run_id))
+    for p in judgement.partitions:
+        session.add(
+            PartitionVerdict(
+                run_id=run_id,
+                partition=p.partition,
+                state=PartitionState.PASSED if p.passed else PartitionState.QUARANTINED,
+                records=p.records,
+                reasons=[r.as_dict() for r in p.reasons],
+                evaluated_at=now,
+            )
+        )
+    session.flush()
+
+
+def _keep_profile(session: Session, run: Run, judgement: Judgement, now: datetime) -> None:
+    """An accepted run's profile joins its dataset's history; a rejected run's leaves it."""
+    profile = judgement.profile
+    if judgement.state != ACCEPTED or profile is None:
+        session.execute(delete(RunProfile).where(RunProfile.run_id == run.run_id))
+        return
+    values = profile.as_dict()
+    session.merge(
+        RunProfile(
+            run_id=run.run_id,
+            dataset=run.dataset,
+            revision=run.revision,
+            records=profile.records,
+            partitions=values["partitions"],
+            fill_rates=values["fill_rates"],
+            partition_fill_rates=values["partition_fill_rates"],
+            fields=values["fields"],
+            profiled_at=now,
+        )
+    )
+
+
+def _in_partitions(names: list[str]) -> Any:
+    named = [n for n in names if n != NO_PARTITION]
+    conditions = [Observation.partition.in_(named)] if named else []
+    if NO_PARTITION in names:
+        conditions.append(Observation.partition.is_(None))
+    return or_(*conditions) if conditions else None
+
+
+def _mark_observations(session: Session, run_id: str, judgement: Judgement) -> None:
+    """Quarantine the failed partitions' rows and mark the rest valid; rows this evaluation did
+    not read (written by a sync since) are left alone: REPEATABLE READ refuses to touch them."""
+    groups = {
+        ValidationState.QUARANTINED: [p.partition for p in judgement.partitions if not p.passed],
+        ValidationState.VALID: [p.partition for p in judgement.partitions if p.passed],
+    }
+    for state, names in groups.items():
+        where = _in_partitions(names)
+        if where is None:
+            continue
+        session.execute(
+            update(Observation)
+            .where(Observation.run_id == run_id, where, Observation.validation_state != state)
+            .values(validation_state=state)
+            .execution_options(synchronize_session=False)
+        )
+
+
+# --- finding and queueing the runs due for evaluation ------------------------------------------
+
+
+def runs_due_for_evaluation(session: Session, *, limit: int | None = 500) -> list[str]:
+    """Runs whose every sync has committed, with a commit newer than their last verdict (or no
+    verdict yet): the sweep queues them, reconcile judges them. Candidates waiting for Cloud's
+    data-quality result keep their old verdict time, so they stay due until Cloud answers.
+
+    A run's syncs are those that committed into it plus those of its created launches; a
+    launch still being created, or one whose job has not reported back, holds the run open
+    (its own commit queues the evaluation).
+    """
+    t = SyncTask.__table__.c
+    per_run = (
+        select(
+            t.run_id,
+            func.max(t.updated_at).label("latest"),
+            func.sum(case((t.state != TaskState.COMMITTED, 1), else_=0)).label("open"),
+        )
+        .where(t.run_id.is_not(None))
+        .group_by(t.run_id)
+        .subquery()
+    )
+    candidates = list(
+        session.execute(
+            select(Run.run_id)
+            .join(per_run, per_run.c.run_id == Run.run_id)
+            .where(
+                per_run.c.open == 0,
+                or_(Run.evaluated_at.is_(None), per_run.c.latest > Run.evaluated_at),
+            )
+        ).scalars()
+    )
+    held: set[str] = set()
+    for start in range(0, len(candidates), _CHUNK):
+        held.update(
+            session.execute(
+                select(Launch.run_id)
+                .outerjoin(SyncTask, SyncTask.job_id == Launch.job_id)
+                .where(
+                    Launch.run_id.in_(candidates[start : start + _CHUNK]),
+                    Launch.state != LaunchState.FAILED,
+                    or_(
+                        Launch.state != LaunchState.CREATED,
+                        SyncTask.state.is_(None),
+                        SyncTask.state != TaskState.COMMITTED,
+                    ),
+                )
+            ).scalars()
+        )
+    return sorted(set(candidates) - held)[:limit]
+
+
+def redrive(services: Services) -> int:
+    """Queue an evaluation of every run that is due for one; returns how many were queued."""
+    now = services.clock()
+    bucket = int(now.timestamp() // services.settings.sweep_interval)
+    with services.uow.begin() as session:
+        due = runs_due_for_evaluation(session)
+    return sum(bool(services.dispatcher.evaluation(run_id, suffix=f"s{bucket}")) for run_id in due)
