@@ -14,7 +14,7 @@ from sync.datasets.tables import DatasetTables
 from sync.models import MaintenanceRun, OutboxEvent, PartitionVerdict, Run
 from sync.operations import maintenance, retention
 from sync.operations.retention import WindowRun
-from tests.retention.conftest import NOW, add_runs, observe, publish, window, windows_left
+from tests.operations.conftest import NOW, add_runs, observe, publish, window, windows_left
 
 pytestmark = pytest.mark.redis
 

@@ -12,7 +12,7 @@ import pytest
 from sync.cloud.client import CloudClient
 from sync.cloud.errors import CloudError
 from sync.cloud.policy import RetryPolicy
-from tests.client.conftest import TOKEN, FakeClock, Scripted, download, envelope, failure, jsonl
+from tests.cloud.conftest import TOKEN, FakeClock, Scripted, download, envelope, failure, jsonl
 
 MakeClient = Callable[..., tuple[CloudClient, Scripted]]
 

@@ -10,7 +10,7 @@ import httpx
 
 from sync.cloud.client import CloudClient
 from sync.cloud.jobs import ProblematicUrl
-from tests.client.conftest import Scripted, envelope
+from tests.cloud.conftest import Scripted, envelope
 
 MakeClient = Callable[..., tuple[CloudClient, Scripted]]
 
@@ -139,7 +139,7 @@ def test_account_sitemaps_and_data_quality(make_client: MakeClient) -> None:
 
 def test_every_call_carries_the_token_as_a_query_parameter(make_client: MakeClient) -> None:
     """Cloud authenticates by the api_token query parameter, on JSON calls and downloads."""
-    from tests.client.conftest import TOKEN, download, jsonl
+    from tests.cloud.conftest import TOKEN, download, jsonl
 
     client, script = make_client(envelope(_job(1)), download(jsonl([{"a": 1}])))
     client.get_job(1)

@@ -14,7 +14,7 @@ from sync.cloud.budget import ApiBudget, MemoryApiBudget, RedisApiBudget, accoun
 from sync.cloud.client import CloudClient
 from sync.cloud.errors import ApiBudgetExhaustedError
 from sync.cloud.policy import RetryPolicy
-from tests.client.conftest import REDIS_URL, TOKEN, FakeClock, Scripted, download, envelope, jsonl
+from tests.cloud.conftest import REDIS_URL, TOKEN, FakeClock, Scripted, download, envelope, jsonl
 
 MakeClient = Callable[..., tuple[CloudClient, Scripted]]
 BudgetFactory = Callable[..., ApiBudget]

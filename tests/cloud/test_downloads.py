@@ -11,7 +11,7 @@ import pytest
 from sync.cloud.client import CloudClient
 from sync.cloud.errors import CloudError, CloudNotFoundError, DownloadIncompleteError
 from sync.cloud.policy import RetryPolicy
-from tests.client.conftest import (
+from tests.cloud.conftest import (
     ChunkStream,
     FakeClock,
     Scripted,

@@ -19,7 +19,7 @@ from sync.cloud.errors import (
     CloudValidationError,
 )
 from sync.cloud.policy import RetryPolicy
-from tests.client.conftest import FakeClock, Scripted, envelope, failure
+from tests.cloud.conftest import FakeClock, Scripted, envelope, failure
 
 MakeClient = Callable[..., tuple[CloudClient, Scripted]]
 

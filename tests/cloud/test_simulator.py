@@ -26,7 +26,7 @@ from sync.cloud.errors import (
 )
 from sync.cloud.jobs import ProblematicUrl
 from sync.cloud.policy import RetryPolicy
-from tests.client.conftest import FakeClock
+from tests.cloud.conftest import FakeClock
 
 SIM_TOKEN = "sim-token"
 SIM_BASE = "http://cloud.sim/api/v1/"

@@ -18,7 +18,7 @@ from sync.cloud.errors import (
     CloudTransportError,
     CloudValidationError,
 )
-from tests.client.conftest import Scripted, envelope, failure
+from tests.cloud.conftest import Scripted, envelope, failure
 
 MakeClient = Callable[..., tuple[CloudClient, Scripted]]
 

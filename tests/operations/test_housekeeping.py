@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from sync.bootstrap import Services
 from sync.models import Attempt, Delivery, Notification, OutboxEvent
 from sync.operations import maintenance, retention
-from tests.retention.conftest import NOW
+from tests.operations.conftest import NOW
 
 pytestmark = pytest.mark.redis
 

@@ -1,1 +1,0 @@
-"""Retention: what the maintenance pass deletes and what it never touches."""
