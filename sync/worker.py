@@ -25,7 +25,30 @@ log = logs.get("worker")
 REDIS_WAIT_CAP = 5.0
 
 
-class SyncWorker(HerokuWorker):
+class BoundedUnsubscribe:
+    """RQ's ``unsubscribe``, with the wait for its pubsub thread bounded. The thread waits up to
+    a minute for a subscription once the channel is unsubscribed, and the client's ``stop()``
+    waits for the thread without a limit: a worker told to stop in that minute outlived its
+    grace. The thread is a daemon and the connection is closed here, as RQ does."""
+
+    pubsub: Any
+    pubsub_thread: Any
+    pubsub_channel_name: str
+    name: str
+    log: Any
+
+    def unsubscribe(self) -> None:
+        """Unsubscribe from the worker's channel, waiting at most a second for its thread."""
+        if self.pubsub_thread:
+            self.log.info(
+                "Worker %s: unsubscribing from channel %s", self.name, self.pubsub_channel_name
+            )
+            self.pubsub.unsubscribe()
+            self.pubsub_thread.stop(timeout=1)
+            self.pubsub.close()
+
+
+class SyncWorker(BoundedUnsubscribe, HerokuWorker):
     """HerokuWorker (on SIGTERM the horse gets ``shutdown_grace`` seconds to finish, then
     ShutDownImminentException) with a maintenance thread, riding out Redis outages."""
 
@@ -60,19 +83,6 @@ class SyncWorker(HerokuWorker):
                     return worked
         finally:
             loop.stop()
-
-    def unsubscribe(self) -> None:
-        """RQ's, with the wait for its pubsub thread bounded. The thread waits up to a minute
-        for a subscription once the channel is unsubscribed, and the client's ``stop()`` waits
-        for the thread without a limit: a worker told to stop in that minute outlived its
-        grace. The thread is a daemon and the connection is closed here, as RQ does."""
-        if self.pubsub_thread:
-            self.log.info(
-                "Worker %s: unsubscribing from channel %s", self.name, self.pubsub_channel_name
-            )
-            self.pubsub.unsubscribe()
-            self.pubsub_thread.stop(timeout=1)
-            self.pubsub.close()
 
     def _work_once(self, *args: Any, **kwargs: Any) -> bool:
         try:

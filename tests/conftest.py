@@ -2,21 +2,50 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Connection, Engine, MetaData, inspect, text
+from sqlalchemy import Connection, Engine, MetaData, inspect, make_url, text
 
 from sync import db
 from sync.models import Base
 
 pytest_plugins = ["tests.harness"]
 
-DEFAULT_TEST_DATABASE = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-DATABASE_URL = os.environ.get("SCRAPESYNC_TEST_DATABASE_URL", DEFAULT_TEST_DATABASE)
-REDIS_URL = os.environ.get("SCRAPESYNC_TEST_REDIS_URL", "redis://127.0.0.1:6379/14")
-ON_SQLITE = DATABASE_URL.startswith("sqlite")
+# Two test sessions may run at once on one machine (a developer's and CI's): each claims a slot,
+# held by a file lock for as long as the session lives, and takes that slot's PostgreSQL database
+# and Redis databases. A crashed session's lock goes with its process.
+SLOTS = ((14, 15), (12, 13), (10, 11), (4, 5), (2, 3))  # Redis dbs: the sync path's, the client's
+_held: list[int] = []
+
+
+def _claim_slot() -> int:
+    for slot in range(len(SLOTS)):
+        path = os.path.join(tempfile.gettempdir(), f"scrapesync-tests-slot-{slot}.lock")
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _held.append(fd)
+        return slot
+    raise RuntimeError(f"all {len(SLOTS)} test slots are taken: too many test sessions at once")
+
+
+SLOT = _claim_slot()
+BASE_DATABASE_URL = os.environ.get(
+    "SCRAPESYNC_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+)
+ON_SQLITE = BASE_DATABASE_URL.startswith("sqlite")
+SESSION_DATABASE = f"scrapesync_test_{SLOT}"
+REDIS_URL = os.environ.get("SCRAPESYNC_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{SLOTS[SLOT][0]}")
+CLIENT_REDIS_URL = os.environ.get(
+    "SCRAPESYNC_TEST_CLIENT_REDIS_URL", f"redis://127.0.0.1:6379/{SLOTS[SLOT][1]}"
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -63,17 +92,34 @@ def dataset_tables(conn: Connection) -> list[str]:
     )
 
 
+def _session_database(base_url: str, *, create: bool) -> str:
+    """The session's own PostgreSQL database beside ``base_url``'s, dropped (and made afresh)."""
+    admin = db.make_engine(base_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {SESSION_DATABASE} WITH (FORCE)"))
+            if create:
+                conn.execute(text(f"CREATE DATABASE {SESSION_DATABASE}"))
+    finally:
+        admin.dispose()
+    return make_url(base_url).set(database=SESSION_DATABASE).render_as_string(hide_password=False)
+
+
 @pytest.fixture(scope="session")
-def database_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The URL of the test database, migrated to head once per session."""
-    url = DATABASE_URL
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of the session's own test database, migrated to head once per session."""
+    url = BASE_DATABASE_URL
     if ON_SQLITE and url in ("sqlite://", "sqlite:///:memory:", "sqlite:///"):
         url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'scrapesync.db'}"
+    if not ON_SQLITE:
+        url = _session_database(BASE_DATABASE_URL, create=True)
     engine = db.make_engine(url)
     _drop_everything(engine)
     engine.dispose()
     db.upgrade(url)
-    return url
+    yield url
+    if not ON_SQLITE:
+        _session_database(BASE_DATABASE_URL, create=False)
 
 
 @pytest.fixture(scope="session")

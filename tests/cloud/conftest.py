@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,11 +13,12 @@ import pytest
 
 from sync.cloud.client import CloudClient
 from sync.cloud.policy import RetryPolicy
+from tests.conftest import CLIENT_REDIS_URL
 from tests.fakes import FakeClock
 
 TOKEN = "tok-SECRET-4f7a9b2c"
 BASE_URL = "https://api.webscraper.io/api/v1/"
-REDIS_URL = os.environ.get("SCRAPESYNC_TEST_CLIENT_REDIS_URL", "redis://127.0.0.1:6379/15")
+REDIS_URL = CLIENT_REDIS_URL  # the client tests' own Redis database
 
 Handler = Callable[[httpx.Request], httpx.Response]
 
