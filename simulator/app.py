@@ -20,8 +20,9 @@ from werkzeug.exceptions import HTTPException
 from simulator.control import control
 from simulator.export import gzip_stream
 from simulator.fault import cut_stream
+from simulator.jobs import Job
 from simulator.records import php_json
-from simulator.state import CloudState, Job
+from simulator.state import CloudState
 from simulator.throttle import Verdict
 
 API_PREFIX = "/api/v1"

@@ -10,141 +10,30 @@ by a threaded server while a test drives the state.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 
 from simulator.export import Export
 from simulator.fault import Fault, FaultPlan
+from simulator.jobs import (
+    PAGE_FAULTS,
+    TERMINAL_STATUSES,
+    Job,
+    problem_list,
+    scraped_so_far,
+    settle_counters,
+)
 from simulator.notifier import Notifier
 from simulator.quality import QualityInput, QualityThresholds, evaluate
-from simulator.records import (
-    DEFAULT_PARTITIONS,
-    GENERATED_COLUMNS,
-    RecordSet,
-    generate_records,
-)
+from simulator.records import DEFAULT_PARTITIONS, generate_records
+from simulator.sitemaps import Sitemap, product_selectors, sitemap_name
 from simulator.throttle import Throttle
 
-TERMINAL_STATUSES = ("finished", "failed", "stopped")
-PROBLEM_TYPES = ("failed", "empty", "no_value")
-PAGE_FAULTS = ("consent",)
 RETRY_AFTER_FORMATS = ("seconds", "http-date")
-DERIVED_COLUMNS = {"SelectorLink": "-href", "SelectorPopupLink": "-href", "SelectorImage": "-src"}
-
-
-def product_selectors() -> list[dict[str, Any]]:
-    """Return text selectors for the columns of generated product records."""
-    return [
-        {"id": name, "type": "SelectorText", "parentSelectors": ["_root"], "selector": f".{name}"}
-        for name in GENERATED_COLUMNS
-    ]
-
-
-@dataclass
-class Sitemap:
-    """A sitemap as Cloud stores it: the posted object, verbatim, plus its settings."""
-
-    id: int
-    name: str
-    definition: dict[str, Any]
-    quality: QualityThresholds = field(default_factory=QualityThresholds)
-    scheduler: dict[str, Any] = field(default_factory=dict)
-    scheduler_enabled: bool = False
-
-    @property
-    def start_urls(self) -> list[str]:
-        """Return the sitemap's start URLs as a list."""
-        start = self.definition.get("startUrl", [])
-        return [start] if isinstance(start, str) else [str(url) for url in start]
-
-    def encoded(self) -> str:
-        """Return the definition as Cloud echoes it: compact JSON, slashes unescaped."""
-        return json.dumps(self.definition, separators=(",", ":"))
-
-    @property
-    def columns(self) -> list[str]:
-        """Return the record columns the selectors produce: each selector's id, and the
-        ``<id>-href`` of a link or ``<id>-src`` of an image selector."""
-        columns: list[str] = []
-        for selector in self.definition.get("selectors") or []:
-            if isinstance(selector, Mapping) and isinstance(selector.get("id"), str):
-                columns.append(selector["id"])
-                suffix = DERIVED_COLUMNS.get(str(selector.get("type")))
-                if suffix:
-                    columns.append(selector["id"] + suffix)
-        return columns
-
-
-@dataclass
-class Job:
-    """A scraping job: its settings, status, page counters, records and problematic URLs."""
-
-    id: int
-    sitemap_id: int
-    sitemap_name: str
-    time_created: int
-    start_urls: list[str]
-    custom_id: str | None = None
-    driver: str = "fast"
-    request_interval: int = 2000
-    page_load_delay: int = 2000
-    proxy: Any = 0
-    status: str = "waiting-to-be-scheduled"
-    test_run: int = 0
-    scheduled: int = 0
-    jobs_scheduled: int = 0
-    jobs_executed: int = 0
-    jobs_failed: int = 0
-    jobs_empty: int = 0
-    jobs_no_value: int = 0
-    stored_record_count: int = 0
-    scraping_duration: int = 0
-    started_at: float | None = None
-    finished_once: bool = False
-    page_fault: str | None = None
-    records_per_page: int = 1
-    records: RecordSet = field(default_factory=RecordSet)
-    problematic_urls: list[dict[str, str]] = field(default_factory=list)
-
-    def as_api(self) -> dict[str, Any]:
-        """Return the job exactly as ``GET scraping-job/{id}`` shows it (key set and order)."""
-        return {
-            "id": self.id,
-            "custom_id": self.custom_id,
-            "sitemap_name": self.sitemap_name,
-            "status": self.status,
-            "sitemap_id": self.sitemap_id,
-            "test_run": self.test_run,
-            "jobs_scheduled": self.jobs_scheduled,
-            "jobs_executed": self.jobs_executed,
-            "jobs_failed": self.jobs_failed,
-            "jobs_empty": self.jobs_empty,
-            "jobs_no_value": self.jobs_no_value,
-            "stored_record_count": self.stored_record_count,
-            "request_interval": self.request_interval,
-            "page_load_delay": self.page_load_delay,
-            "driver": self.driver,
-            "scheduled": self.scheduled,
-            "time_created": self.time_created,
-            "scraping_duration": self.scraping_duration,
-        }
-
-    def notification_form(self) -> dict[str, str]:
-        """Return the form Cloud POSTs when this job ends (no token in it)."""
-        return {
-            "scrapingjob_id": str(self.id),
-            "status": self.status,
-            "sitemap_id": str(self.sitemap_id),
-            "sitemap_name": self.sitemap_name,
-            "custom_id": self.custom_id or "",
-        }
 
 
 class CloudState:
@@ -259,7 +148,7 @@ class CloudState:
 
     def create_sitemap(self, definition: Mapping[str, Any]) -> int:
         """Store a sitemap definition as posted to ``POST sitemap``; return its id."""
-        name = _sitemap_name(definition)
+        name = sitemap_name(definition)
         with self.lock:
             if any(s.name == name for s in self.sitemaps.values()):
                 raise ValueError(f"a sitemap named {name!r} already exists")
@@ -270,7 +159,7 @@ class CloudState:
 
     def update_sitemap(self, sitemap_id: int, definition: Mapping[str, Any]) -> None:
         """Replace a sitemap's definition (its name follows the new ``_id``)."""
-        name = _sitemap_name(definition)
+        name = sitemap_name(definition)
         with self.lock:
             sitemap = self.sitemap(sitemap_id)
             if any(s.name == name and s.id != sitemap_id for s in self.sitemaps.values()):
@@ -363,14 +252,14 @@ class CloudState:
         with self.lock:
             job = self.job(job_id)
             job.records.replace(records)
-            _scraped_so_far(job)
+            scraped_so_far(job)
 
     def add_records(self, job_id: int, records: Iterable[Mapping[str, Any]]) -> None:
         """Append records to a job (a ``generate_records(...)`` run stays lazy)."""
         with self.lock:
             job = self.job(job_id)
             job.records.append(records)
-            _scraped_so_far(job)
+            scraped_so_far(job)
 
     def set_generated(
         self,
@@ -403,7 +292,7 @@ class CloudState:
             job.status = "scheduled"
             job.status = "started"
             job.started_at = self.clock()
-            _scraped_so_far(job)
+            scraped_so_far(job)
 
     def finish_job(
         self,
@@ -432,27 +321,17 @@ class CloudState:
             job = self.job(job_id)
             if job.started_at is None or job.status not in ("scheduled", "started"):
                 self.start_job(job_id)
-            urls = _problem_list(problematic_urls) if problematic_urls is not None else None
-            counted = {
-                kind: sum(1 for u in urls or [] if u["type"] == kind) for kind in PROBLEM_TYPES
-            }
-            job.jobs_failed = counted["failed"] if jobs_failed is None else jobs_failed
-            job.jobs_empty = counted["empty"] if jobs_empty is None else jobs_empty
-            job.jobs_no_value = counted["no_value"] if jobs_no_value is None else jobs_no_value
-            if urls is None:
-                urls = _made_up_problems(job)
-            job.problematic_urls = urls
+            urls = problem_list(problematic_urls) if problematic_urls is not None else None
             if records_per_page is not None:
                 job.records_per_page = records_per_page
-            record_count = len(job.records)
-            problems = job.jobs_failed + job.jobs_empty + job.jobs_no_value
-            job.jobs_scheduled = (
-                _pages(record_count, job.records_per_page) + problems
-                if jobs_scheduled is None
-                else jobs_scheduled
+            settle_counters(
+                job,
+                urls,
+                jobs_scheduled=jobs_scheduled,
+                jobs_failed=jobs_failed,
+                jobs_empty=jobs_empty,
+                jobs_no_value=jobs_no_value,
             )
-            job.jobs_executed = job.jobs_scheduled
-            job.stored_record_count = record_count
             now = self.clock()
             job.scraping_duration += max(0, int(now - (job.started_at or now)))
             job.started_at = None
@@ -573,53 +452,8 @@ def _column_fill(columns: Sequence[str], filled: Mapping[str, int]) -> dict[str,
     return {name: filled.get(name, 0) for name in columns}
 
 
-def _pages(records: int, per_page: int) -> int:
-    """Return how many pages yield ``records`` records at ``per_page`` a page."""
-    return -(-records // per_page)
-
-
 def _positive(value: int, name: str) -> int:
     """Return value if it is a positive whole number, else refuse it naming the setting."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive whole number, got {value!r}")
     return value
-
-
-def _scraped_so_far(job: Job) -> None:
-    """While a job runs, its counters follow the records scraped so far (Cloud's progress)."""
-    if job.status != "started":
-        return
-    job.stored_record_count = len(job.records)
-    job.jobs_scheduled = job.jobs_executed = _pages(job.stored_record_count, job.records_per_page)
-
-
-def _sitemap_name(definition: Mapping[str, Any]) -> str:
-    """Return a sitemap definition's ``_id``, which Cloud uses as its name."""
-    name = definition.get("_id")
-    if not isinstance(name, str) or not name:
-        raise ValueError("a sitemap needs a non-empty string _id")
-    return name
-
-
-def _problem_list(items: Iterable[Mapping[str, str] | tuple[str, str]]) -> list[dict[str, str]]:
-    """Normalise problematic URLs given as dicts or (url, type) pairs."""
-    problems: list[dict[str, str]] = []
-    for item in items:
-        url, kind = (item["url"], item["type"]) if isinstance(item, Mapping) else item
-        if kind not in PROBLEM_TYPES:
-            raise ValueError(f"problematic URL type must be one of {PROBLEM_TYPES}, got {kind!r}")
-        problems.append({"url": str(url), "type": kind})
-    return problems
-
-
-def _made_up_problems(job: Job) -> list[dict[str, str]]:
-    """Invent one problematic URL per counted failed, empty or no-value page."""
-    start = job.start_urls[0] if job.start_urls else "https://shop.example/"
-    parts = urlsplit(start)
-    base = f"{parts.scheme or 'https'}://{parts.netloc or 'shop.example'}"
-    counts = {"failed": job.jobs_failed, "empty": job.jobs_empty, "no_value": job.jobs_no_value}
-    return [
-        {"url": f"{base}/{kind.replace('_', '-')}/{i}", "type": kind}
-        for kind, count in counts.items()
-        for i in range(1, count + 1)
-    ]
