@@ -114,7 +114,7 @@ def test_client_errors_are_never_retried(
     make_client: MakeClient, clock: FakeClock, status: int, kind: type[CloudError]
 ) -> None:
     """401, 403, 404, 422 and other 4xx make exactly one request and no wait."""
-    client, script = make_client(failure(status), envelope(JOB))
+    client, script = make_client(failure(status))
     with pytest.raises(kind) as caught:
         client.get_job(9)
     assert len(script.requests) == 1
@@ -144,7 +144,6 @@ def test_elapsed_budget_stops_retries(make_client: MakeClient, clock: FakeClock)
     client, script = make_client(
         failure(503, headers={"Retry-After": "8"}),
         failure(503, headers={"Retry-After": "8"}),
-        envelope(JOB),
         retry=RetryPolicy(max_attempts=10, max_elapsed=12.0, random=lambda: 0.5),
     )
     with pytest.raises(CloudServerError) as caught:
@@ -185,13 +184,13 @@ def test_create_job_is_not_resent_after_a_server_error(
     make_client: MakeClient, clock: FakeClock
 ) -> None:
     """A 5xx or lost answer on create may have created the job: no blind resend, no retry hint."""
-    client, script = make_client(failure(500), envelope({"id": 1}))
+    client, script = make_client(failure(500))
     with pytest.raises(CloudServerError) as server:
         client.create_job(sitemap_id=3)
     assert server.value.retry_after is None
     assert len(script.requests) == 1
 
-    client, script = make_client(httpx.ReadTimeout("timed out"), envelope({"id": 1}))
+    client, script = make_client(httpx.ReadTimeout("timed out"))
     with pytest.raises(CloudTransportError) as lost:
         client.create_job(sitemap_id=3)
     assert lost.value.request_sent is True
