@@ -107,6 +107,18 @@ class Scripted:
         """Tell whether every scripted answer was used."""
         return not self.answers
 
+    def leftovers(self) -> str:
+        """The scripted answers no request used, in words for a failure message."""
+        return ", ".join(_describe(answer) for answer in self.answers)
+
+
+def _describe(answer: Handler | httpx.Response | Exception) -> str:
+    if isinstance(answer, httpx.Response):
+        return f"response {answer.status_code}"
+    if isinstance(answer, Exception):
+        return f"{type(answer).__name__}({answer})"
+    return f"handler {getattr(answer, '__name__', repr(answer))}"
+
 
 @pytest.fixture
 def clock() -> FakeClock:
@@ -116,8 +128,10 @@ def clock() -> FakeClock:
 
 @pytest.fixture
 def make_client(clock: FakeClock) -> Iterator[Callable[..., tuple[CloudClient, Scripted]]]:
-    """Build a client whose Cloud answers from a script, with a fake clock and sleep."""
+    """Build a client whose Cloud answers from a script, with a fake clock and sleep; a
+    scripted answer that no request used fails the test at teardown."""
     clients: list[CloudClient] = []
+    scripts: list[Scripted] = []
 
     def build(
         *answers: Handler | httpx.Response | Exception, **options: Any
@@ -133,11 +147,15 @@ def make_client(clock: FakeClock) -> Iterator[Callable[..., tuple[CloudClient, S
             **options,
         )
         clients.append(client)
+        scripts.append(script)
         return client, script
 
     yield build
     for client in clients:
         client.close()
+    unused = [f"client {i}: {s.leftovers()}" for i, s in enumerate(scripts, 1) if not s.done()]
+    if unused:
+        pytest.fail("scripted Cloud answers never used: " + "; ".join(unused), pytrace=False)
 
 
 @pytest.fixture
