@@ -107,6 +107,7 @@ def create_app(services: Services | None = None) -> Flask:
     if isinstance(pool, BurstPool):
         app.wsgi_app = QuietPool(app.wsgi_app, pool)  # type: ignore[method-assign]
 
+    from webhooks.changes import bp as changes_bp
     from webhooks.health import bp as health_bp
     from webhooks.intake import bp as intake_bp
     from webhooks.metrics import bp as metrics_bp
@@ -116,6 +117,7 @@ def create_app(services: Services | None = None) -> Flask:
     app.register_blueprint(health_bp)
     app.register_blueprint(status_bp)
     app.register_blueprint(metrics_bp)
+    app.register_blueprint(changes_bp)
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException) -> tuple[Response, int]:

@@ -4,25 +4,29 @@ and announced as ``dataset.changed`` outbox events.
 Each publication of revision v of run R writes one row per added entity (``after`` = its
 values), per removed entity (``before`` = its values) and per changed column of a changed
 entity (``before`` and ``after`` of that column). A dataset's first publication is a baseline:
-no rows, and one event that says so with the counts.
+no rows (its entities are the history's stretches that R opened).
 
-The events: the change set's entries split into pages of at most ``max_changes_per_event``, one
-event per page with the id ``event_id_for(R, "dataset.changed.<page>", v)`` (so a repeat writes
-nothing and a receiver deduplicates by it), each carrying :meth:`ChangeSet.as_dict` restricted to
-its page's entries, with the totals as ``counts`` and ``revision``, ``page`` and ``pages``.
+The event: ONE ``dataset.changed`` per publication, whatever its size, with the id
+``event_id_for(R, "dataset.changed.1", v)`` (so a repeat writes nothing and a receiver
+deduplicates by it). It always carries the ``counts``, ``revision`` and ``changes_path``, where
+``GET`` pages through every change (:func:`sync.datasets.diff.change_page`). The changes travel
+inline (``inline: true``, :meth:`ChangeSet.as_dict`'s lists) while there are at most
+``max_changes_per_event`` entries; a baseline or a larger change set travels as a summary
+(``inline: false``, no lists), so a million-entity baseline costs one delivery per destination.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
 from sync import outbox
 from sync.casts import to_json
-from sync.datasets.changes import ADDED, CHANGED, REMOVED, ChangeSet, pages
+from sync.datasets.changes import ADDED, CHANGED, REMOVED, ChangeSet
 from sync.datasets.rows import insert_rows
 from sync.datasets.tables import DatasetTables
 
@@ -76,6 +80,30 @@ def change_rows(changes: ChangeSet, *, revision: int, now: datetime) -> list[dic
     return rows
 
 
+def changes_path(dataset: str, run_id: str, revision: int) -> str:
+    """Where a publication's changes can be fetched, page by page (``GET /api/changes``)."""
+    return "/api/changes?" + urlencode({"dataset": dataset, "run": run_id, "revision": revision})
+
+
+def event_payload(changes: ChangeSet, *, revision: int, limit: int) -> dict[str, Any]:
+    """A publication's ``dataset.changed`` payload: the changes inline while they fit under
+    ``limit`` entries, otherwise (and for a baseline) a summary that says where to fetch them."""
+    inline = not changes.baseline and len(changes.entries) <= limit
+    whole = changes.as_dict()
+    if not inline:
+        for kind in (ADDED, REMOVED, CHANGED):
+            del whole[kind]
+    return {
+        **whole,
+        "counts": changes.counts(),
+        "revision": revision,
+        "inline": inline,
+        "changes_path": changes_path(changes.dataset, changes.run_id, revision),
+        "page": 1,
+        "pages": 1,
+    }
+
+
 def announce(
     session: Session,
     tables: DatasetTables,
@@ -85,40 +113,19 @@ def announce(
     revision: int,
     now: datetime,
 ) -> list[str]:
-    """Keep the change set in ``X_changes`` and write its ``dataset.changed`` events, in the
+    """Keep the change set in ``X_changes`` and write its one ``dataset.changed`` event, in the
     caller's transaction; the event ids."""
     insert_rows(session, tables.changes, change_rows(changes, revision=revision, now=now))
-    split = pages(changes, dataset.max_changes_per_event)
-    counts = changes.counts()
-    events = []
-    for number, entries in enumerate(split, start=1):
-        page = ChangeSet(
-            dataset=changes.dataset,
-            run_id=changes.run_id,
-            previous_run_id=changes.previous_run_id,
-            added=tuple(e for e in entries if e.kind == ADDED),
-            removed=tuple(e for e in entries if e.kind == REMOVED),
-            changed=tuple(e for e in entries if e.kind == CHANGED),
-            baseline=changes.baseline,
-        )
-        payload = {
-            **page.as_dict(),
-            "counts": counts,
-            "revision": revision,
-            "page": number,
-            "pages": len(split),
-        }
-        events.append(
-            outbox.write_event(
-                session,
-                event_type=EVENT_TYPE,
-                event_key=f"{EVENT_TYPE}.{number}",
-                run_id=changes.run_id,
-                dataset=dataset.name,
-                revision=revision,
-                payload=payload,
-                destinations=[d.key for d in dataset.destinations],
-                now=now,
-            )
-        )
-    return events
+    payload = event_payload(changes, revision=revision, limit=dataset.max_changes_per_event)
+    event = outbox.write_event(
+        session,
+        event_type=EVENT_TYPE,
+        event_key=f"{EVENT_TYPE}.1",
+        run_id=changes.run_id,
+        dataset=dataset.name,
+        revision=revision,
+        payload=payload,
+        destinations=[d.key for d in dataset.destinations],
+        now=now,
+    )
+    return [event]

@@ -161,10 +161,3 @@ def compare(
         changed=tuple(changed),
         baseline=baseline,
     )
-
-
-def pages(changes: ChangeSet, size: int) -> list[list[EntityChange]]:
-    """The change set's entries split into pages of at most ``size``, in a stable order (one
-    empty page when nothing changed, so that every publication is announced once)."""
-    entries = [] if changes.baseline else list(changes.entries)
-    return [entries[i : i + size] for i in range(0, len(entries), size)] or [[]]

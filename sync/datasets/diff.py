@@ -101,7 +101,7 @@ def diff_in(
         # the same run is not the run before it)
         earlier = [p for p in publications if p.id < target.id and p.run_id != target.run_id]
         if not earlier:
-            raise DiffError(_baseline_message(dataset.name, target, len(latest)))
+            return _baseline(session, dataset, target, schema)
         from_run = earlier[-1].run_id
     else:
         _published(session, dataset.name, from_run, latest)
@@ -153,22 +153,19 @@ def _published(
     return latest[run_id]
 
 
-def _baseline_message(dataset: str, publication: Publication, runs: int) -> str:
-    recorded = publication.changes or {}
-    counted = (
-        f"a baseline of {recorded.get('added', 0)} entities"
-        if recorded.get("baseline")
-        else "its counts were not recorded"
-    )
-    if runs < 2:
-        return (
-            f"dataset {dataset!r} has one published run, {publication.run_id!r} ({counted}): "
-            "a diff needs two"
+def _baseline(session: Session, dataset: Dataset, target: Publication, schema: str) -> Diff:
+    """A dataset's first publication, as the change it was: every entity of its view added."""
+    if target.changes is None:
+        raise DiffError(
+            f"run {target.run_id!r} of dataset {dataset.name!r} was published before its typed "
+            "tables and history were kept: only runs published since can be compared"
         )
-    return (
-        f"run {publication.run_id!r} was the first published run of dataset {dataset!r} "
-        f"({counted}): name another run with --from"
-    )
+    tables = tables_of(session, dataset, schema)
+    run = session.get(Run, target.run_id)
+    assert run is not None  # a publication's run
+    view = view_at(session, tables.history, tables.columns, window_start(run))
+    changes = compare(dataset.name, target.run_id, None, {}, view, {})
+    return Diff(changes, stored=False, revision=_revision_of(session, target, target.changes))
 
 
 def _revision_of(
@@ -287,14 +284,15 @@ def report(result: Diff, *, limit: int) -> str:
     """The change set as ``scrapesync diff`` prints it: where it comes from, the counts, then
     up to ``limit`` entries of each kind."""
     changes = result.changes
-    source = (
-        f"from the change feed of its publication, revision {result.revision}"
-        if result.stored
-        else "computed from the history"
-    )
+    if changes.previous_run_id is None:
+        source = "the dataset's first publication: every entity added"
+    elif result.stored:
+        source = f"from the change feed of its publication, revision {result.revision}"
+    else:
+        source = "computed from the history"
     counts = changes.counts()
     lines = [
-        f"{changes.dataset}: {changes.previous_run_id} → {changes.run_id} ({source})",
+        f"{changes.dataset}: {changes.previous_run_id or 'nothing'} → {changes.run_id} ({source})",
         f"{counts[ADDED]} added, {counts[REMOVED]} removed, {counts[CHANGED]} changed",
     ]
     for kind, entries in (
@@ -309,3 +307,124 @@ def report(result: Diff, *, limit: int) -> str:
         if len(entries) > limit:
             lines.append(f"  … and {len(entries) - limit} more")
     return "\n".join(lines)
+
+
+# --- the change feed, page by page (GET /api/changes) -------------------------------------------
+
+PAGE_LIMIT = 10_000  # entries one page may hold at most
+
+
+@dataclass(frozen=True)
+class ChangePage:
+    """One page of one publication's changes; ``next`` is the cursor of the page after it."""
+
+    dataset: str
+    run_id: str
+    revision: int | None
+    previous_run_id: str | None
+    baseline: bool
+    counts: Mapping[str, int]
+    entries: tuple[dict[str, Any], ...]
+    next: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The page as ``GET /api/changes`` answers it."""
+        return {
+            "dataset": self.dataset,
+            "run_id": self.run_id,
+            "revision": self.revision,
+            "previous_run_id": self.previous_run_id,
+            "baseline": self.baseline,
+            "counts": dict(self.counts),
+            "changes": list(self.entries),
+            "next": self.next,
+        }
+
+
+def change_page(
+    session: Session,
+    dataset: Dataset,
+    *,
+    schema: str,
+    run_id: str | None = None,
+    after: str | None = None,
+    limit: int = 1000,
+) -> ChangePage:
+    """A page of the changes that ``run_id``'s latest publication (default: the dataset's last
+    publication) made, after the cursor ``after``: one entry per added or removed entity and
+    per changed column, in a stable order. A baseline's entries are its entities, added."""
+    limit = max(1, min(limit, PAGE_LIMIT))
+    query = select(Publication).where(Publication.dataset == dataset.name)
+    if run_id is not None:
+        query = query.where(Publication.run_id == run_id)
+    target = session.execute(query.order_by(Publication.id.desc()).limit(1)).scalar_one_or_none()
+    if target is None:
+        what = f"run {run_id!r}" if run_id is not None else "any run"
+        raise DiffError(f"dataset {dataset.name!r} has no publication of {what}")
+    recorded = dict(target.changes or {})
+    revision = _revision_of(session, target, recorded)
+    tables = tables_of(session, dataset, schema)
+    baseline = bool(recorded.get("baseline"))
+    if baseline:
+        entries, cursor = _baseline_entries(session, tables, target.run_id, after, limit)
+    else:
+        entries, cursor = _stored_entries(session, tables, target.run_id, revision, after, limit)
+    return ChangePage(
+        dataset=dataset.name,
+        run_id=target.run_id,
+        revision=revision,
+        previous_run_id=recorded.get("previous_run_id"),
+        baseline=baseline,
+        counts={k: int(recorded.get(k, 0)) for k in (ADDED, REMOVED, CHANGED)},
+        entries=tuple(entries),
+        next=cursor,
+    )
+
+
+def _stored_entries(
+    session: Session,
+    tables: DatasetTables,
+    run_id: str,
+    revision: int | None,
+    after: str | None,
+    limit: int,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The publication's ``X_changes`` rows after row id ``after``."""
+    t = tables.changes
+    query = select(t.c.id, t.c.entity_key, t.c.kind, t.c.column_name, t.c.before, t.c.after)
+    query = query.where(t.c.run_id == run_id)
+    if revision is not None:
+        query = query.where(t.c.revision == revision)
+    if after:
+        if not after.isdigit():
+            raise DiffError(f"the cursor {after!r} is not one this feed gave")
+        query = query.where(t.c.id > int(after))
+    rows = session.execute(query.order_by(t.c.id).limit(limit + 1)).all()
+    entries = [
+        {"entity_key": key, "kind": kind, "column": column, "before": before, "after": value}
+        for _, key, kind, column, before, value in rows[:limit]
+    ]
+    return entries, (str(rows[limit - 1][0]) if len(rows) > limit else None)
+
+
+def _baseline_entries(
+    session: Session, tables: DatasetTables, run_id: str, after: str | None, limit: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A baseline's entities: the history's stretches the run opened, by entity key."""
+    h = tables.history
+    names = [c.name for c in tables.columns]
+    query = select(h.c.entity_key, *(h.c[n] for n in names)).where(h.c.run_id == run_id)
+    if after:
+        query = query.where(h.c.entity_key > after)
+    rows = session.execute(query.order_by(h.c.entity_key).limit(limit + 1)).all()
+    entries = [
+        {
+            "entity_key": row[0],
+            "kind": ADDED,
+            "column": None,
+            "before": None,
+            "after": {n: to_json(v) for n, v in zip(names, row[1:], strict=True)},
+        }
+        for row in rows[:limit]
+    ]
+    return entries, (str(rows[limit - 1][0]) if len(rows) > limit else None)

@@ -72,6 +72,10 @@ def test_diff_status_and_the_event_agree_on_what_a_publication_changed(
     (event,) = [e for e in receiver.of_type("dataset.changed") if e.body["data"]["run_id"] == b]
     data = dict(event.body["data"])
     assert (data.pop("revision"), data.pop("page"), data.pop("pages")) == (1, 1, 1)
+    assert (data.pop("inline"), data.pop("changes_path")) == (
+        True,
+        f"/api/changes?dataset=products&run={b}&revision=1",
+    )
     assert data == changes
 
     dataset = services.datasets.get("products")

@@ -5,7 +5,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 from config.columns import Watch
-from sync.datasets.changes import ChangeSet, compare, pages
+from sync.datasets.change_feed import event_payload
+from sync.datasets.changes import ChangeSet, compare
 
 
 def test_added_removed_and_changed_within_tolerance() -> None:
@@ -47,19 +48,26 @@ def test_a_baseline_reports_counts_only() -> None:
     changes = compare("d", "r1", None, {}, {"a": {"x": 1}, "b": {"x": 2}}, {}, baseline=True)
     assert changes.as_dict()["counts"] == {"added": 2, "removed": 0, "changed": 0}
     assert changes.as_dict()["added"] == []
-    assert pages(changes, 1000) == [[]]
+    assert event_payload(changes, revision=1, limit=1000)["inline"] is False
     assert changes.added == ()  # nothing listed, so nothing kept
 
 
-def test_pages_split_in_a_stable_order() -> None:
-    """Entries are paged added, removed, changed, each by entity key; nothing changed is one
-    empty page."""
+def test_the_event_carries_the_changes_inline_only_while_they_fit() -> None:
+    """At most ``limit`` entries travel in the event, in a stable order; more travel as a
+    summary with the counts and where to fetch them; nothing changed is still announced."""
     after = {f"k{i:02}": {"x": i} for i in range(5)}
     changes = compare("d", "r2", "r1", {"old": {"x": 0}}, after, {})
-    split = pages(changes, 2)
-    assert [[e.entity_key for e in page] for page in split] == [
-        ["k00", "k01"],
-        ["k02", "k03"],
-        ["k04", "old"],
-    ]
-    assert pages(ChangeSet("d", "r2", "r1"), 10) == [[]]
+    inline = event_payload(changes, revision=3, limit=6)
+    assert inline["inline"] is True
+    assert [e["entity_key"] for e in inline["added"]] == ["k00", "k01", "k02", "k03", "k04"]
+    assert [e["entity_key"] for e in inline["removed"]] == ["old"]
+    summary = event_payload(changes, revision=3, limit=5)
+    assert (summary["inline"], summary["counts"]) == (
+        False,
+        {"added": 5, "removed": 1, "changed": 0},
+    )
+    assert "added" not in summary
+    assert "removed" not in summary
+    assert summary["changes_path"] == "/api/changes?dataset=d&run=r2&revision=3"
+    nothing = event_payload(ChangeSet("d", "r2", "r1"), revision=1, limit=10)
+    assert (nothing["inline"], nothing["counts"]["added"]) == (True, 0)

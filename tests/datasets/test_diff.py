@@ -162,10 +162,6 @@ def test_unknown_datasets_and_runs_are_refused_by_name(three: PublishedProducts)
             "run 'products-2026-12-04' of dataset 'products' was never published (it is "
             "rejected): only published runs can be compared"
         ),
-        ("products", "--to", A): (
-            f"run '{A}' was the first published run of dataset 'products' (a baseline of 4 "
-            "entities): name another run with --from"
-        ),
     }
     for args, message in cases.items():
         result = invoke(*args)
@@ -173,10 +169,11 @@ def test_unknown_datasets_and_runs_are_refused_by_name(three: PublishedProducts)
         assert message in result.output, (args, result.output)
 
 
-def test_one_publication_is_a_baseline_and_none_is_nothing_to_compare(
+def test_one_publication_is_a_baseline_of_every_entity_added_and_none_is_nothing_to_compare(
     products: PublishedProducts, datasets: Datasets
 ) -> None:
-    """No publication: said so. Only the baseline: said so, with its counts."""
+    """No publication: said so. Only the baseline: every entity of its view, added, read from
+    the history (so a receiver of its summary event can fetch all of it)."""
     nothing = invoke("products")
     assert nothing.exit_code != 0
     assert "dataset 'products' has no published run yet" in nothing.output
@@ -184,11 +181,16 @@ def test_one_publication_is_a_baseline_and_none_is_nothing_to_compare(
     products.publication(A, feed(datasets, None, A), current=True)
     products.history({A: VIEWS[A]})
     one = invoke("products", "--json")
-    assert one.exit_code != 0
-    assert (
-        f"dataset 'products' has one published run, '{A}' (a baseline of 4 entities): "
-        "a diff needs two"
-    ) in one.output
+    assert one.exit_code == 0, one.output
+    baseline = json.loads(one.output)
+    assert (baseline["run_id"], baseline["previous_run_id"]) == (A, None)
+    assert baseline["counts"] == {"added": len(VIEWS[A]), "removed": 0, "changed": 0}
+    assert [e["entity_key"] for e in baseline["added"]] == sorted(VIEWS[A])
+    readable = invoke("products", "--to", A)
+    assert readable.exit_code == 0, readable.output
+    assert f"products: nothing → {A} (the dataset's first publication: every entity added)" in (
+        readable.output
+    )
 
 
 def test_runs_published_before_the_history_was_kept_are_refused(
