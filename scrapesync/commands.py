@@ -274,13 +274,13 @@ def rerun_command(
 @click.option("--limit", default=20, show_default=True, help="How many recent runs to show.")
 def status_command(as_json: bool, limit: int) -> None:
     """Runs, coverage and verdicts; tasks, outbox backlog, last reconcile, API budget."""
-    from sync.operations import status
+    from sync.operations import status, status_text
 
     values = status.overview(_services(), limit=limit)
     if as_json:
         echo_json(values)
     else:
-        echo(status.format_table(values))
+        echo(status_text.format_table(values))
 
 
 @click.command("doctor")

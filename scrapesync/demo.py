@@ -37,7 +37,7 @@ from sync.datasets import export
 from sync.delivery import destinations
 from sync.ingest import store
 from sync.models import Delivery, Observation, Run, SyncTask
-from sync.operations import reconcile, status
+from sync.operations import reconcile, status, status_text
 from sync.queue import Dispatcher, JobKinds, RQDispatcher
 from sync.runs import launch
 from sync.states import DeliveryState, RunState, TaskState
@@ -485,7 +485,7 @@ def _run(
     result.export_path, result.manifest_path = written.path, written.manifest_path
     result.records = written.records
     echo("")
-    echo(status.format_table(status.overview(services)))
+    echo(status_text.format_table(status.overview(services)))
     echo("")
     echo(f"export:   {written.path} ({written.records} records, sha256 {written.sha256[:12]}…)")
     echo(f"manifest: {written.manifest_path}")

@@ -17,7 +17,7 @@ from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, render_template, request
 
-from sync.operations import status
+from sync.operations import status, status_text
 from sync.states import RunState
 from webhooks import services_of
 
@@ -126,7 +126,7 @@ def status_page() -> Any:
         o=values,
         chart=chart(values["runs"]),
         colours=STATE_COLOURS,
-        duration=status.duration,
+        duration=status_text.duration,
     )
     return _private(Response(html, mimetype="text/html"))
 

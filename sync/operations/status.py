@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -96,7 +97,21 @@ def reason_detail(reason: Any) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class _RunParts:
+    """What the listed runs are shown with, each keyed by run id."""
+
+    observed: dict[str, int]
+    jobs: dict[str, list[dict[str, Any]]]
+    verdicts: dict[str, list[dict[str, Any]]]
+    launches: dict[str, list[dict[str, Any]]]
+    tasks: dict[str, dict[str, int]]
+    current: set[str]
+    changes: dict[str, dict[str, Any] | None]
+
+
 def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
+    """The latest runs, newest first, each with its jobs, verdicts, launches, tasks, coverage."""
     runs = list(
         session.execute(select(Run).order_by(Run.created_at.desc(), Run.run_id).limit(limit))
         .scalars()
@@ -105,13 +120,30 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
     ids = [r.run_id for r in runs]
     if not ids:
         return []
-    observed = dict(
-        session.execute(
-            select(Observation.run_id, func.count())
-            .where(Observation.run_id.in_(ids))
-            .group_by(Observation.run_id)
-        ).all()
+    parts = _RunParts(
+        observed=dict(
+            session.execute(
+                select(Observation.run_id, func.count())
+                .where(Observation.run_id.in_(ids))
+                .group_by(Observation.run_id)
+            ).all()
+        ),
+        jobs=_jobs(session, ids),
+        verdicts=_verdicts(session, ids),
+        launches=_launches(session, ids),
+        tasks=_run_tasks(session, ids),
+        current=set(
+            session.execute(
+                select(Publication.run_id).where(Publication.is_current.is_(True))
+            ).scalars()
+        ),
+        changes=_run_changes(session, ids),
     )
+    return [_run_row(run, parts) for run in runs]
+
+
+def _jobs(session: Session, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The runs' scraping jobs with Cloud's page counters."""
     jobs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for job in session.execute(
         select(ScrapingJob).where(ScrapingJob.run_id.in_(ids)).order_by(ScrapingJob.job_id)
@@ -130,6 +162,11 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
                 "problematic_urls": len(job.problematic_urls or []),
             }
         )
+    return jobs
+
+
+def _verdicts(session: Session, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The runs' partition verdicts with their reasons."""
     verdicts: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for verdict in session.execute(
         select(PartitionVerdict)
@@ -145,6 +182,11 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
                 "reason_details": [reason_detail(r) for r in verdict.reasons or []],
             }
         )
+    return verdicts
+
+
+def _launches(session: Session, ids: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """The runs' launches and recovery batches, oldest first."""
     launches: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for launch in session.execute(
         select(Launch).where(Launch.run_id.in_(ids)).order_by(Launch.created_at)
@@ -158,6 +200,11 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
                 "partition": launch.partition,
             }
         )
+    return launches
+
+
+def _run_tasks(session: Session, ids: list[str]) -> dict[str, dict[str, int]]:
+    """The runs' sync tasks counted by state."""
     tasks: dict[str, dict[str, int]] = defaultdict(dict)
     for run_id, state, count in session.execute(
         select(SyncTask.run_id, SyncTask.state, func.count())
@@ -166,11 +213,11 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
     ):
         if run_id is not None:
             tasks[run_id][state] = int(count)
-    current = set(
-        session.execute(
-            select(Publication.run_id).where(Publication.is_current.is_(True))
-        ).scalars()
-    )
+    return tasks
+
+
+def _run_changes(session: Session, ids: list[str]) -> dict[str, dict[str, Any] | None]:
+    """What each run's publication changed for readers."""
     changes: dict[str, dict[str, Any] | None] = {}
     for run_id, counted in session.execute(
         select(Publication.run_id, Publication.changes)
@@ -178,43 +225,42 @@ def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
         .order_by(Publication.id)
     ):
         changes[run_id] = change_counts(counted)  # the run's latest publication wins
-    out: list[dict[str, Any]] = []
-    for run in runs:
-        primary = [j for j in jobs[run.run_id] if j["recovery_batch"] is None]
-        expected = sum(j["stored_record_count"] for j in primary)
-        observations = int(observed.get(run.run_id, 0))
-        out.append(
-            {
-                "run_id": run.run_id,
-                "dataset": run.dataset,
-                "window": run.collection_window,
-                "state": run.state,
-                "revision": run.revision,
-                "published": run.run_id in current,
-                "changes": changes.get(run.run_id),
-                "reasons": [reason_text(r) for r in run.reasons or []],
-                "reason_details": [reason_detail(r) for r in run.reasons or []],
-                "created_at": _iso(run.created_at),
-                "evaluated_at": _iso(run.evaluated_at),
-                "accepted_at": _iso(run.accepted_at),
-                "published_at": _iso(run.published_at),
-                "observations": observations,
-                "expected_records": expected,
-                "coverage_percent": (
-                    round(100.0 * observations / expected, 1) if expected else None
-                ),
-                "pages_scheduled": sum(j["pages_scheduled"] for j in primary),
-                "pages_failed": sum(j["pages_failed"] for j in primary),
-                "pages_empty": sum(j["pages_empty"] for j in primary),
-                "pages_no_value": sum(j["pages_no_value"] for j in primary),
-                "recovery_jobs": len(jobs[run.run_id]) - len(primary),
-                "jobs": jobs[run.run_id],
-                "partitions": verdicts[run.run_id],
-                "launches": launches[run.run_id],
-                "tasks": tasks[run.run_id],
-            }
-        )
-    return out
+    return changes
+
+
+def _run_row(run: Run, parts: _RunParts) -> dict[str, Any]:
+    """One run as shown: coverage counted from its primary jobs, never its recovery jobs."""
+    jobs = parts.jobs[run.run_id]
+    primary = [j for j in jobs if j["recovery_batch"] is None]
+    expected = sum(j["stored_record_count"] for j in primary)
+    observations = int(parts.observed.get(run.run_id, 0))
+    return {
+        "run_id": run.run_id,
+        "dataset": run.dataset,
+        "window": run.collection_window,
+        "state": run.state,
+        "revision": run.revision,
+        "published": run.run_id in parts.current,
+        "changes": parts.changes.get(run.run_id),
+        "reasons": [reason_text(r) for r in run.reasons or []],
+        "reason_details": [reason_detail(r) for r in run.reasons or []],
+        "created_at": _iso(run.created_at),
+        "evaluated_at": _iso(run.evaluated_at),
+        "accepted_at": _iso(run.accepted_at),
+        "published_at": _iso(run.published_at),
+        "observations": observations,
+        "expected_records": expected,
+        "coverage_percent": (round(100.0 * observations / expected, 1) if expected else None),
+        "pages_scheduled": sum(j["pages_scheduled"] for j in primary),
+        "pages_failed": sum(j["pages_failed"] for j in primary),
+        "pages_empty": sum(j["pages_empty"] for j in primary),
+        "pages_no_value": sum(j["pages_no_value"] for j in primary),
+        "recovery_jobs": len(jobs) - len(primary),
+        "jobs": jobs,
+        "partitions": parts.verdicts[run.run_id],
+        "launches": parts.launches[run.run_id],
+        "tasks": parts.tasks[run.run_id],
+    }
 
 
 def change_counts(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -246,17 +292,6 @@ def _publications(session: Session) -> list[dict[str, Any]]:
         }
         for name, p in sorted(last.items())
     ]
-
-
-def changes_text(changes: dict[str, Any] | None) -> str:
-    """A publication's change counts in words: ``3 added, 2 removed, 4 changed since R``."""
-    if changes is None:
-        return "change counts not kept"
-    if changes["baseline"]:
-        return f"first publication, a baseline of {changes['added']} entities"
-    counts = f"{changes['added']} added, {changes['removed']} removed, {changes['changed']} changed"
-    previous = changes["previous_run_id"]
-    return f"{counts} since {previous}" if previous else counts
 
 
 def _tasks(session: Session, now: datetime) -> dict[str, Any]:
@@ -365,101 +400,3 @@ def overview(services: Services, *, limit: int = 50) -> dict[str, Any]:
         "window_seconds": services.settings.api_budget_window,
     }
     return values
-
-
-def duration(seconds: float | None) -> str:
-    """An age in seconds as a person reads it: 45 s, 12 min, 3.5 h, 2.0 d."""
-    if seconds is None:
-        return "-"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
-
-
-def format_table(values: dict[str, Any]) -> str:
-    """The overview as the plain-text report ``scrapesync status`` prints."""
-    header = ("RUN", "STATE", "RECORDS", "EXPECTED", "COVERAGE", "FAILED", "EMPTY", "PUBLISHED")
-    rows: list[tuple[str, ...]] = [header]
-    for run in values["runs"]:
-        coverage = run["coverage_percent"]
-        rows.append(
-            (
-                run["run_id"],
-                run["state"],
-                str(run["observations"]),
-                str(run["expected_records"]),
-                "-" if coverage is None else f"{coverage:g}%",
-                str(run["pages_failed"]),
-                str(run["pages_empty"]),
-                "yes" if run["published"] else "",
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
-    ]
-    if not values["runs"]:
-        lines.append("(no runs yet)")
-
-    def shown(detail: dict[str, Any]) -> str:
-        figures = detail.get("figures")
-        return f"{detail['text']} [{figures}]" if figures else str(detail["text"])
-
-    for run in values["runs"]:
-        notes = [shown(d) for d in run["reason_details"]]
-        notes += [
-            f"partition {p['partition']}: {p['state']}"
-            + (f" ({'; '.join(shown(d) for d in p['reason_details'])})" if p["reasons"] else "")
-            for p in run["partitions"]
-            if p["state"] not in ("passed", "accepted") or p["reasons"]
-        ]
-        if notes:
-            lines.append(f"{run['run_id']}:")
-            lines.extend(f"  - {note}" for note in notes)
-    if values["publications"]:
-        lines.append("")
-    for p in values["publications"]:
-        state = "published" if p["current"] else "withdrawn"
-        lines.append(f"{p['dataset']}: {state} {p['run_id']} ({changes_text(p['changes'])})")
-    tasks = values["tasks"]
-    by_state = ", ".join(f"{n} {s}" for s, n in tasks["by_state"].items() if n) or "none"
-    lines.append("")
-    lines.append(
-        f"tasks: {by_state}; "
-        + (
-            "no lease held"
-            if tasks["oldest_lease_age_seconds"] is None
-            else f"oldest lease {duration(tasks['oldest_lease_age_seconds'])}, "
-            f"{tasks['expired_leases']} expired"
-        )
-    )
-    outbox = values["outbox"]
-    lines.append(
-        f"outbox: {outbox['backlog']} undelivered"
-        + (
-            f" (oldest {duration(outbox['oldest_undelivered_age_seconds'])})"
-            if outbox["backlog"]
-            else ""
-        )
-        + "; "
-        + (", ".join(f"{n} {s}" for s, n in sorted(outbox["events"].items())) or "no events")
-    )
-    last = values["last_reconcile"]
-    if last is None:
-        lines.append("last reconcile: never")
-    else:
-        lines.append(
-            f"last reconcile: {duration(last['age_seconds'])} ago ({last['state']}, "
-            f"{last['listed']} jobs listed, {last['wanted']} syncs wanted)"
-        )
-    budget = values["api_budget"]
-    remaining = "unknown" if budget["remaining"] is None else str(budget["remaining"])
-    lines.append(
-        f"API budget: {remaining} of {budget['limit']} calls left in this "
-        f"{budget['window_seconds']:.0f} s window"
-    )
-    return "\n".join(lines)

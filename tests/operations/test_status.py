@@ -231,7 +231,7 @@ def test_the_status_page_renders_in_headless_chromium(
 def test_a_held_lease_shows_its_age(services: Services, cloud: CloudState) -> None:
     """A worker holding a lease: the task counts as leased and its lease has an age."""
     from sync.ingest import store
-    from sync.operations import status
+    from sync.operations import status, status_text
 
     with services.uow.begin() as session:
         store.want_sync(session, 4242, now=services.clock())
@@ -242,4 +242,4 @@ def test_a_held_lease_shows_its_age(services: Services, cloud: CloudState) -> No
     assert values["tasks"]["by_state"]["leased"] == 1
     assert values["tasks"]["oldest_lease_age_seconds"] >= 0
     assert values["tasks"]["expired_leases"] == 0
-    assert "tasks: 1 leased; oldest lease " in status.format_table(values)
+    assert "tasks: 1 leased; oldest lease " in status_text.format_table(values)
