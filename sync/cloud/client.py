@@ -1,22 +1,16 @@
 """Web Scraper Cloud API client: one httpx.Client, typed errors, retries decided by failure class.
 
-Every failed call raises a `sync.cloud.errors.CloudError`; `sync.cloud.policy.RetryPolicy`
-alone decides what is retried inline and what is handed back with `retry_after` set. Downloads
-are retried only while nothing has been yielded (`sync.cloud.download` turns a body into lines).
-
-Secrecy: the API token is added as the `api_token` query parameter by the innermost transport
-(`sync.cloud.transport`) only, so no URL that httpx logs or puts in an exception carries it;
-every error message passes through `sync.secrecy.scrub` (which knows the token and every other
-configured secret), errors are raised without chaining httpx's exceptions, and a filter on the
-"httpx" logger scrubs any line.
+The endpoints, in Cloud's words; `sync.cloud.calls` sends each call and download and decides its
+retries. Secrecy: the API token is added as the `api_token` query parameter by the innermost
+transport (`sync.cloud.transport`) only, so no URL that httpx logs or puts in an exception
+carries it; error messages are scrubbed of every configured secret, and a filter on the "httpx"
+logger scrubs any line.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
-import json
-import logging
 import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -26,8 +20,9 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from sync import retry, secrecy
+from sync import secrecy
 from sync.cloud.budget import ApiBudget
+from sync.cloud.calls import CloudCalls
 from sync.cloud.download import (
     BOM,
     DEFAULT_MAX_LINE_BYTES,
@@ -37,30 +32,15 @@ from sync.cloud.download import (
     Line,
     PieceTap,
     SkippedLine,
-    body_blocks,
     is_json,
 )
-from sync.cloud.errors import CloudError, CloudRateLimitedError, CloudTransportError, error_for
+from sync.cloud.errors import CloudError
 from sync.cloud.jobs import CloudJob, ProblematicUrl, as_int
 from sync.cloud.policy import RetryPolicy
 from sync.cloud.transport import Secret, TokenTransport, install_log_redaction
 
-logger = logging.getLogger("sync.client")  # the name operators filter these lines on
-
 DEFAULT_BASE_URL: Final = "https://api.webscraper.io/api/v1/"
 USER_AGENT: Final = "scrapesync/0.1"
-
-_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
-
-
-def _header_float(headers: httpx.Headers, name: str) -> float | None:
-    value = headers.get(name)
-    if value is None:
-        return None
-    try:
-        return float(value.strip())
-    except ValueError:
-        return None
 
 
 def _id(value: int) -> int:
@@ -92,8 +72,8 @@ def _known_runs(run: list[int], end: int) -> Iterator[tuple[int, KnownLines]]:
 
 @functools.cache
 def _tls() -> ssl.SSLContext:
-    """The TLS settings of every client in this process: loading the certificate authorities
-    takes about 20 ms, which a sync of a small job would otherwise pay each time."""
+    """The TLS settings every client in this process shares: the certificate authorities are
+    loaded once, not again by each client (which a sync of a small job would pay each time)."""
     return httpx.create_ssl_context()
 
 
@@ -119,11 +99,6 @@ class CloudClient:
         secrecy.register(token)
         install_log_redaction()
         self._secret = Secret(token)
-        self._budget = budget
-        self._retry = retry if retry is not None else RetryPolicy()
-        self._sleep = sleep
-        self._clock = clock
-        self._download_timeout = httpx.Timeout(timeout, read=download_timeout)
         self._max_line_bytes = max_line_bytes
         # Told how far long work has come: ("records", read, stored_record_count) while an
         # export streams, (list path, page, last_page) while a listing pages. For progress bars.
@@ -138,6 +113,16 @@ class CloudClient:
             timeout=httpx.Timeout(timeout),
             headers={"Accept": "application/json, text/javascript, */*", "User-Agent": USER_AGENT},
             follow_redirects=False,
+        )
+        self._calls = CloudCalls(
+            self._http,
+            self._secret,
+            budget=budget,
+            retry=retry if retry is not None else RetryPolicy(),
+            download_timeout=httpx.Timeout(timeout, read=download_timeout),
+            max_line_bytes=max_line_bytes,
+            sleep=sleep,
+            clock=clock,
         )
 
     def __repr__(self) -> str:
@@ -163,7 +148,7 @@ class CloudClient:
     def get_job(self, job_id: int) -> CloudJob:
         """Ask Cloud for one scraping job's current state."""
         path = f"scraping-job/{_id(job_id)}"
-        job = CloudJob.from_api(self._object(self._call("GET", path)["data"], "GET", path))
+        job = CloudJob.from_api(self._object(self._calls.call("GET", path)["data"], "GET", path))
         if job.id != job_id:  # never take another job's state (or, later, its export) for this one
             raise CloudError(f"GET {path}: Cloud answered with scraping job {job.id}")
         self._record_counts[job.id] = job.stored_record_count
@@ -215,7 +200,7 @@ class CloudClient:
             body["start_urls"] = list(start_urls)
         if custom_id is not None:
             body["custom_id"] = custom_id
-        envelope = self._call("POST", "scraping-job", body=body, idempotent=False)
+        envelope = self._calls.call("POST", "scraping-job", body=body, idempotent=False)
         data = self._object(envelope["data"], "POST", "scraping-job")
         job_id = as_int(data.get("id"))
         if job_id <= 0:
@@ -245,7 +230,7 @@ class CloudClient:
     def export_blocks(self, job_id: int, *, tap: PieceTap | None = None) -> Iterator[list[Line]]:
         """The lines of :meth:`export_lines`, a gunzipped piece of the body at a time (a list
         of them), for a caller that goes through them in bulk."""
-        return self._download_blocks(
+        return self._calls.download_blocks(
             f"scraping-job/{_id(job_id)}/json", final_line_ok=is_json, tap=tap
         )
 
@@ -323,62 +308,25 @@ class CloudClient:
     def get_data_quality(self, job_id: int) -> dict[str, Any]:
         """Cloud's data-quality verdict for a finished job (CloudValidationError before then)."""
         path = f"scraping-job/{_id(job_id)}/data-quality"
-        return self._object(self._call("GET", path)["data"], "GET", path)
+        return self._object(self._calls.call("GET", path)["data"], "GET", path)
 
     # --- account and sitemaps -----------------------------------------------------------------
 
     def get_account(self) -> dict[str, Any]:
         """The account's e-mail, names and remaining page credits."""
-        return self._object(self._call("GET", "account")["data"], "GET", "account")
+        return self._object(self._calls.call("GET", "account")["data"], "GET", "account")
 
     def get_sitemap(self, sitemap_id: int) -> dict[str, Any]:
         """One sitemap: id, name and its JSON definition as a string."""
         path = f"sitemap/{_id(sitemap_id)}"
-        return self._object(self._call("GET", path)["data"], "GET", path)
+        return self._object(self._calls.call("GET", path)["data"], "GET", path)
 
     def iter_sitemaps(self) -> Iterator[dict[str, Any]]:
         """Every sitemap of the account (id and name), page by page."""
         for item in self._pages("sitemaps", {}):
             yield self._object(item, "GET", "sitemaps")
 
-    # --- JSON calls ---------------------------------------------------------------------------
-
-    def _call(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: Mapping[str, Any] | None = None,
-        idempotent: bool = True,
-    ) -> dict[str, Any]:
-        started = self._clock()
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return self._call_once(method, path, params=params, body=body)
-            except CloudError as exc:
-                failure = exc
-            wait = self._retry.delay(failure, attempt, idempotent=idempotent)
-            self._wait_or_raise(failure, wait, attempt, started, method, path)
-
-    def _call_once(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None,
-        body: Mapping[str, Any] | None,
-    ) -> dict[str, Any]:
-        self._acquire()
-        request = self._http.build_request(method, path, params=params, json=body)
-        response = self._send(request, method, path, stream=False)
-        self._observe(response)
-        payload = self._payload(response)
-        if response.status_code == 200 and payload is not None and payload.get("success") is True:
-            return payload
-        raise self._error(response, payload, method, path)
+    # --- listings -----------------------------------------------------------------------------
 
     def _pages(self, path: str, params: Mapping[str, str]) -> Iterator[Any]:
         for _page, data in self._page_lists(path, params):
@@ -389,7 +337,7 @@ class CloudClient:
     ) -> Iterator[tuple[int, list[Any]]]:
         page = max(1, start_page)
         while True:
-            envelope = self._call("GET", path, params={**params, "page": str(page)})
+            envelope = self._calls.call("GET", path, params={**params, "page": str(page)})
             data = envelope.get("data")
             if not isinstance(data, list) or not data:
                 return
@@ -401,159 +349,7 @@ class CloudClient:
                 return
             page += 1
 
-    # --- downloads ----------------------------------------------------------------------------
-
-    def _download_blocks(
-        self, path: str, *, final_line_ok: Callable[[str], bool], tap: PieceTap | None = None
-    ) -> Iterator[list[Line]]:
-        started = self._clock()
-        attempt = 0
-        yielded = False
-        while True:
-            attempt += 1
-            if tap is not None:  # a try that failed before its first line is tried again whole
-                tap.restart()
-            try:
-                for block in self._download_once(
-                    path, final_line_ok, tap.feed if tap is not None else None
-                ):
-                    yielded = True
-                    yield block
-                return
-            except CloudError as exc:
-                failure = exc
-            wait = self._retry.delay(failure, attempt)
-            if yielded:  # the caller holds part of a dataset: only it can start over
-                failure.retry_after = wait
-                raise failure
-            self._wait_or_raise(failure, wait, attempt, started, "GET", path)
-
-    def _download_once(
-        self,
-        path: str,
-        final_line_ok: Callable[[str], bool],
-        tap: Callable[[bytes], None] | None = None,
-    ) -> Iterator[list[Line]]:
-        self._acquire()
-        request = self._http.build_request(
-            "GET", path, headers={"Accept-Encoding": "gzip"}, timeout=self._download_timeout
-        )
-        response = self._send(request, "GET", path, stream=True)
-        try:
-            self._observe(response)
-            if response.status_code != 200:
-                payload = self._payload(response)
-                raise self._error(response, payload, "GET", path)
-            yield from body_blocks(
-                response,
-                path,
-                final_line_ok=final_line_ok,
-                limit=self._max_line_bytes,
-                scrub=self._scrub,
-                tap=tap,
-            )
-        finally:
-            response.close()
-
-    # --- shared steps -------------------------------------------------------------------------
-
-    def _wait_or_raise(
-        self,
-        failure: CloudError,
-        wait: float | None,
-        attempt: int,
-        started: float,
-        method: str,
-        path: str,
-    ) -> None:
-        elapsed = self._clock() - started
-        if wait is None or not self._retry.retry_inline(wait, attempt=attempt, elapsed=elapsed):
-            if not (isinstance(failure, CloudRateLimitedError) and failure.retry_after is None):
-                failure.retry_after = wait
-            # else Cloud named no wait: retry_after stays None, and the caller backs off by how
-            # many times in a row it was refused
-            raise failure
-        logger.warning(
-            "%s %s: %s; retrying in %.2f s (attempt %d of %d)",
-            method,
-            path,
-            type(failure).__name__,
-            wait,
-            attempt,
-            self._retry.max_attempts,
-        )
-        self._sleep(wait)
-
-    def _acquire(self) -> None:
-        if self._budget is not None:
-            self._budget.acquire()
-
-    def _send(
-        self, request: httpx.Request, method: str, path: str, *, stream: bool
-    ) -> httpx.Response:
-        try:
-            return self._http.send(request, stream=stream)
-        except _NOT_SENT as exc:
-            failure = CloudTransportError(self._describe(method, path, exc), request_sent=False)
-        except (httpx.HTTPError, OSError) as exc:
-            failure = CloudTransportError(self._describe(method, path, exc), request_sent=True)
-        raise failure
-
-    def _observe(self, response: httpx.Response) -> None:
-        if self._budget is None:
-            return
-        remaining = _header_float(response.headers, "X-RateLimit-Remaining")
-        limit = _header_float(response.headers, "X-RateLimit-Limit")
-        reset_at = _header_float(response.headers, "X-RateLimit-Reset")
-        if remaining is None and limit is None and reset_at is None:
-            return
-        self._budget.observe(
-            remaining=None if remaining is None else int(remaining),
-            limit=None if limit is None else int(limit),
-            reset_at=reset_at,
-        )
-
-    def _payload(self, response: httpx.Response) -> dict[str, Any] | None:
-        try:
-            payload = json.loads(response.read())
-        except (httpx.HTTPError, OSError, ValueError):
-            return None
-        return payload if isinstance(payload, dict) else None
-
-    def _error(
-        self,
-        response: httpx.Response,
-        payload: Mapping[str, Any] | None,
-        method: str,
-        path: str,
-    ) -> CloudError:
-        return error_for(
-            response.status_code,
-            payload,
-            request=f"{method} {path}",
-            retry_after=self._server_wait(response.headers),
-            scrub=self._scrub,
-        )
-
-    def _server_wait(self, headers: httpx.Headers) -> float | None:
-        """Seconds Cloud asked us to wait: Retry-After (seconds or HTTP-date), else the reset."""
-        wait = retry.retry_after(headers.get("Retry-After"), now=self._clock())
-        if wait is not None:
-            return wait
-        reset_at = _header_float(headers, "X-RateLimit-Reset")  # sent only once the limit is hit
-        if reset_at is not None:
-            return max(0.0, reset_at - self._clock())
-        return None
-
     def _object(self, data: Any, method: str, path: str) -> dict[str, Any]:
         if not isinstance(data, dict):
             raise CloudError(f"{method} {path}: expected a JSON object, got {type(data).__name__}")
         return data
-
-    def _describe(self, method: str, path: str, exc: BaseException) -> str:
-        detail = self._scrub(str(exc))
-        kind = type(exc).__name__
-        return f"{method} {path}: {kind}: {detail}" if detail else f"{method} {path}: {kind}"
-
-    def _scrub(self, text: str) -> str:
-        return secrecy.scrub(text).replace(self._secret.reveal(), secrecy.MASK)
