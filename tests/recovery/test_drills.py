@@ -21,6 +21,8 @@ import pytest
 from flask import Flask
 from sqlalchemy import func, select, text
 
+from scrapesync.processes import Deployment, kill_tree, signal_tree, wait_until
+from scrapesync.servers import PrivatePostgres, PrivateRedis
 from simulator import CloudState
 from simulator.server import SimServer
 from sync.bootstrap import Services
@@ -35,14 +37,6 @@ from tests.harness import (
     observation_count,
     products_sitemap,
     task_of,
-)
-from tests.recovery.conftest import (
-    Deployment,
-    PrivatePostgres,
-    PrivateRedis,
-    kill_tree,
-    signal_tree,
-    wait_until,
 )
 from webhooks import create_app
 
