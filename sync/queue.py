@@ -8,7 +8,11 @@ answered ``None``, because the state in SQL that asked for the job is durable an
 again.
 
 RQ job ids are deterministic (``sync-<task key>-g<generation>-a<attempts>``), so repeats of the
-same wish coalesce into the job that is already waiting.
+same wish coalesce into the job that is already waiting. A job waits only where Redis really
+holds it: a ``queued`` job in its queue's list, a ``scheduled`` one in the scheduled registry, a
+``deferred`` one in the deferred registry. A job hash that says so without the list or registry
+behind it (a worker killed between taking the id off the list and starting the job) is an
+orphan that nobody will ever run, so it is queued again under its own id.
 """
 
 from __future__ import annotations
@@ -19,8 +23,9 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from redis import Redis
+from redis.exceptions import ResponseError
 from rq import Queue
-from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.exceptions import DuplicateJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
@@ -28,7 +33,6 @@ from sync import logs
 
 QUEUE_NAME = "scrapesync"
 SYNC_JOB_TIMEOUT = 3 * 3600  # RQ's default 180 s would kill a big export's sync every time
-WAITING = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
 
 log = logs.get("queue")
 
@@ -194,18 +198,44 @@ class RQDispatcher(JobKinds):
         self.redis = redis
         self.queue = Queue(queue_name, connection=redis, serializer=JSONSerializer)
 
+    def _where(self, job_id: str) -> tuple[str | None, bool, bool, bool]:
+        """The status the job's hash holds, and whether its id is in the queue's list, the
+        scheduled registry and the deferred registry: one round trip."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(Job.key_for(job_id), "status")
+            pipe.lpos(self.queue.key, job_id)
+            pipe.zscore(self.queue.scheduled_job_registry.key, job_id)
+            pipe.zscore(self.queue.deferred_job_registry.key, job_id)
+            status, position, scheduled, deferred = pipe.execute(raise_on_error=False)
+        for answer in (status, scheduled, deferred):
+            if isinstance(answer, Exception):
+                raise answer
+        if isinstance(position, ResponseError):  # LPOS came with Redis 6.0.6
+            listed = job_id.encode() in self.redis.lrange(self.queue.key, 0, -1)
+        elif isinstance(position, Exception):
+            raise position
+        else:
+            listed = position is not None
+        text = status.decode() if isinstance(status, bytes) else status
+        return text, listed, scheduled is not None, deferred is not None
+
     def _already_waiting(self, job_id: str, *, now: bool) -> bool:
-        """Whether ``job_id`` already waits to run; a job scheduled for later does not satisfy
-        a request to run now, so it is taken off the schedule."""
-        try:
-            job = Job.fetch(job_id, connection=self.redis, serializer=JSONSerializer)
-        except NoSuchJobError:
+        """Whether ``job_id`` really waits to run; a job scheduled for later does not satisfy a
+        request to run now, so it is taken off the schedule. An orphan (a hash that says queued
+        with no list behind it) is taken off RQ's intermediate list, where a worker killed
+        before starting it left it, so that RQ's clean-up never fails the job queued again."""
+        status, listed, scheduled, deferred = self._where(job_id)
+        if status == JobStatus.QUEUED:
+            if not listed:
+                self.redis.lrem(self.queue.intermediate_queue_key, 0, job_id)
+                log.warning("queue.orphan_requeued", extra={"job_id": job_id})
+            return listed
+        if status == JobStatus.SCHEDULED and scheduled and now:
+            self.queue.scheduled_job_registry.remove(job_id)
             return False
-        status = job.get_status(refresh=False)
-        if status == JobStatus.SCHEDULED and now:
-            self.queue.scheduled_job_registry.remove(job)
-            return False
-        return status in WAITING
+        if status == JobStatus.SCHEDULED:
+            return scheduled
+        return status == JobStatus.DEFERRED and deferred
 
     def enqueue_call(
         self,

@@ -1,0 +1,202 @@
+"""Self-healing (issue 32): every task that SQL says is due ends synced by itself, whatever Redis
+holds: a job whose hash says it waits where no list or registry holds it, a delayed job that a
+flush took, or no job at all."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from flask import Flask
+from rq.job import Job
+from rq.scheduler import RQScheduler
+
+from scrapesync.processes import wait_until
+from simulator import CloudState
+from sync.bootstrap import Services
+from sync.operations import maintenance
+from sync.queue import RQDispatcher, sync_job_id
+from tests.harness import (
+    attempts_of,
+    drain,
+    notify,
+    observation_count,
+    products_sitemap,
+    task_of,
+)
+
+pytestmark = pytest.mark.redis
+
+
+def _dispatcher(services: Services) -> RQDispatcher:
+    assert isinstance(services.dispatcher, RQDispatcher)
+    return services.dispatcher
+
+
+def _finished_job(cloud: CloudState, n: int) -> int:
+    job_id = cloud.create_job(products_sitemap(cloud))
+    cloud.run_job(job_id, n=n)
+    return job_id
+
+
+def _wanted_job_id(services: Services, key: str) -> str:
+    task = task_of(services, key)
+    return sync_job_id(key, task.requested_generation, task.attempt_count)
+
+
+def _status(services: Services, job_id: str) -> str:
+    status = _dispatcher(services).redis.hget(Job.key_for(job_id), "status")
+    return bytes(status or b"").decode()
+
+
+def _taken_by_a_worker_that_died(services: Services) -> str:
+    """Take the first job off the queue as an RQ worker does (onto RQ's intermediate list),
+    and never start it: what a worker killed between the two leaves behind."""
+    dispatcher = _dispatcher(services)
+    taken = dispatcher.redis.lmove(dispatcher.queue.key, dispatcher.queue.intermediate_queue_key)
+    assert taken is not None
+    return bytes(taken).decode()
+
+
+def _synced(services: Services, key: str, records: int) -> None:
+    """The task is committed by its last attempt and its records are stored once."""
+    assert task_of(services, key).state == "committed"
+    assert attempts_of(services, key)[-1].outcome == "committed"
+    assert observation_count(services) == records
+
+
+def test_a_job_a_dead_worker_took_off_the_queue_is_queued_again_and_syncs(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A worker killed after taking a job's id off the queue and before starting it leaves a
+    hash that says queued with no list behind it: the next pass queues the job again under its
+    own id (off RQ's intermediate list), and the task syncs."""
+    job_id = _finished_job(cloud, 40)
+    key = f"job-{job_id}"
+    assert notify(web, job_id).status_code == 200
+    orphan = _taken_by_a_worker_that_died(services)
+    assert orphan == _wanted_job_id(services, key)
+    assert _status(services, orphan) == "queued"
+    dispatcher = _dispatcher(services)
+
+    report = maintenance.run_pass(services)
+
+    assert (report.counts["due"], report.counts["enqueued"], report.failed) == (1, 1, [])
+    assert [j for j in dispatcher.queue.job_ids if j.startswith("sync-")] == [orphan]
+    assert dispatcher.queue.intermediate_queue.get_job_ids() == []
+    drain(services)
+    _synced(services, key, 40)
+    assert len(attempts_of(services, key)) == 1
+
+
+def test_a_retry_wait_task_whose_delayed_job_was_flushed_syncs_once_due(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A task parked in retry_wait after a 429 loses its delayed job in a flush: nothing is
+    queued before its time, and once it is due a pass queues it and it syncs."""
+    job_id = _finished_job(cloud, 30)
+    key = f"job-{job_id}"
+    cloud.inject_fault("rate_limit", path_contains=f"scraping-job/{job_id}", times=1, retry_after=1)
+    notify(web, job_id)
+    drain(services)
+    parked = task_of(services, key)
+    assert parked.state == "retry_wait"
+    dispatcher = _dispatcher(services)
+    assert dispatcher.queue.scheduled_job_registry.get_job_ids() == [_wanted_job_id(services, key)]
+    dispatcher.redis.flushdb()  # the tests' own Redis database: FLUSHALL for this deployment
+    assert maintenance.run_pass(services).counts["enqueued"] == 0
+
+    wait_until(lambda: services.clock() > parked.next_attempt_at, timeout=10, what="due")
+    report = maintenance.run_pass(services)
+
+    assert (report.counts["due"], report.counts["enqueued"]) == (1, 1)
+    drain(services)
+    _synced(services, key, 30)
+    assert [a.outcome for a in attempts_of(services, key)] == ["retry_wait", "committed"]
+
+
+def test_a_retry_wait_task_whose_due_job_a_dead_worker_took_is_queued_again_and_syncs(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """Once a parked task is due, RQ's scheduler moves its delayed job onto the queue, and a
+    worker killed before starting it leaves a hash that says queued: the next pass queues the
+    job again and the task syncs."""
+    job_id = _finished_job(cloud, 20)
+    key = f"job-{job_id}"
+    cloud.inject_fault("rate_limit", path_contains=f"scraping-job/{job_id}", times=1, retry_after=1)
+    notify(web, job_id)
+    drain(services)
+    parked = task_of(services, key)
+    assert parked.state == "retry_wait"
+    dispatcher = _dispatcher(services)
+    wait_until(lambda: services.clock() > parked.next_attempt_at, timeout=10, what="due")
+    scheduler = RQScheduler([dispatcher.queue], connection=dispatcher.redis)
+    scheduler.prepare_registries([dispatcher.queue.name])
+    scheduler.enqueue_scheduled_jobs()
+    orphan = _taken_by_a_worker_that_died(services)
+    assert (orphan, _status(services, orphan)) == (_wanted_job_id(services, key), "queued")
+
+    report = maintenance.run_pass(services)
+
+    assert (report.counts["due"], report.counts["enqueued"]) == (1, 1)
+    drain(services)
+    _synced(services, key, 20)
+    assert [a.outcome for a in attempts_of(services, key)] == ["retry_wait", "committed"]
+
+
+def test_a_pending_task_with_no_job_in_redis_is_swept_and_syncs(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A notification stored while its job was lost (Redis flushed right after) leaves a pending
+    task with no RQ job at all: the next pass queues it and it syncs."""
+    job_id = _finished_job(cloud, 25)
+    key = f"job-{job_id}"
+    notify(web, job_id)
+    _dispatcher(services).redis.flushdb()
+
+    report = maintenance.run_pass(services)
+
+    assert (report.counts["due"], report.counts["enqueued"]) == (1, 1)
+    drain(services)
+    _synced(services, key, 25)
+
+
+def test_a_job_waiting_in_its_queue_still_takes_the_repeats(services: Services) -> None:
+    """A job whose id is in its queue's list really waits: asking again queues nothing more."""
+    dispatcher = _dispatcher(services)
+    asked = [dispatcher.sync("job-1", generation=1, attempts=0) for _ in range(3)]
+    assert asked == [True, False, False]
+    assert dispatcher.queue.job_ids == [sync_job_id("job-1", 1, 0)]
+
+
+def test_a_scheduled_job_missing_from_the_schedule_is_scheduled_again(
+    services: Services,
+) -> None:
+    """A hash that says scheduled with no entry in the scheduled registry would never run: a
+    request for later schedules it again, and a request for now queues it."""
+    dispatcher = _dispatcher(services)
+    registry = dispatcher.queue.scheduled_job_registry
+    job_id = sync_job_id("job-2", 1, 1)
+    later = services.clock() + timedelta(minutes=5)
+    assert dispatcher.sync("job-2", generation=1, attempts=1, at=later) is True
+    assert dispatcher.sync("job-2", generation=1, attempts=1, at=later) is False
+    registry.remove(job_id)
+    assert _status(services, job_id) == "scheduled"
+
+    assert dispatcher.sync("job-2", generation=1, attempts=1, at=later) is True
+    assert registry.get_job_ids() == [job_id]
+    assert dispatcher.sync("job-2", generation=1, attempts=1) is True
+    assert (registry.get_job_ids(), dispatcher.queue.job_ids) == ([], [job_id])
+
+
+def test_a_deferred_job_missing_from_its_registry_is_queued_again(services: Services) -> None:
+    """A hash that says deferred with no entry in the deferred registry waits for nothing: the
+    job is queued again under its own id."""
+    dispatcher = _dispatcher(services)
+    job_id = sync_job_id("job-3", 1, 0)
+    assert dispatcher.sync("job-3", generation=1, attempts=0) is True
+    dispatcher.redis.lrem(dispatcher.queue.key, 0, job_id)
+    dispatcher.redis.hset(Job.key_for(job_id), "status", "deferred")
+
+    assert dispatcher.sync("job-3", generation=1, attempts=0) is True
+    assert (_status(services, job_id), dispatcher.queue.job_ids) == ("queued", [job_id])
