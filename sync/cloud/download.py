@@ -146,75 +146,126 @@ def body_blocks(
     off) or a SkippedLine, handed on a gunzipped piece at a time (a list of the piece's complete
     lines, never empty); DownloadIncompleteError if the body turns out cut short. ``tap`` gets
     every piece of the body as it comes, gunzipped, before its lines are handed on."""
-    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("gzip", "identity", ""):
-        raise CloudError(f"GET {path}: unexpected Content-Encoding {encoding!r}")
-    gunzip = _Gunzip() if encoding == "gzip" else None
-    length = response.headers.get("Content-Length")
-    expected = int(length) if length is not None and length.isdigit() else None
-    received = 0
-    pending = bytearray()
-    skipping = -1  # bytes of an over-long line streamed past so far; -1: not skipping
-    chunks = response.iter_raw()
-    failure: CloudError | None = None
-    while failure is None:
-        try:
-            chunk = next(chunks, None)
-        except (httpx.HTTPError, OSError) as exc:
-            failure = DownloadIncompleteError(
-                f"GET {path}: connection lost after {received} bytes: "
-                f"{type(exc).__name__}: {scrub(str(exc))}"
-            )
-            break
-        if chunk is None:
-            break
-        received += len(chunk)
+    body = _Body(response, path, scrub)
+    lines = _Lines(limit)
+    for piece in body.pieces():
+        if tap is not None:
+            tap(piece)
+        yield from lines.feed(piece)
+    body.check_complete()
+    yield from lines.rest(path, final_line_ok)
+
+
+class _Body:
+    """An export response's body as it comes off the wire, gunzipped, its bytes counted."""
+
+    def __init__(self, response: httpx.Response, path: str, scrub: Callable[[str], str]) -> None:
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("gzip", "identity", ""):
+            raise CloudError(f"GET {path}: unexpected Content-Encoding {encoding!r}")
+        self._response = response
+        self._path = path
+        self._scrub = scrub
+        self._gunzip = _Gunzip() if encoding == "gzip" else None
+        length = response.headers.get("Content-Length")
+        self._expected = int(length) if length is not None and length.isdigit() else None
+        self._received = 0
+
+    def pieces(self) -> Iterator[bytes]:
+        """The body's pieces, gunzipped; DownloadIncompleteError if the connection is lost."""
+        chunks = self._response.iter_raw()
+        while True:
+            failure: CloudError | None = None
+            try:
+                chunk = next(chunks, None)
+            except (httpx.HTTPError, OSError) as exc:
+                failure = DownloadIncompleteError(
+                    f"GET {self._path}: connection lost after {self._received} bytes: "
+                    f"{type(exc).__name__}: {self._scrub(str(exc))}"
+                )
+            if failure is not None:  # raised here, not in the handler: no httpx exception chained
+                raise failure
+            if chunk is None:
+                return
+            self._received += len(chunk)
+            yield from self._inflate(chunk)
+
+    def _inflate(self, chunk: bytes) -> Iterator[bytes]:
+        """One chunk off the wire as the pieces it inflates to; DownloadIncompleteError if the
+        gzip stream is corrupt."""
+        gunzip = self._gunzip
         pieces: Iterator[bytes] = iter((chunk,)) if gunzip is None else gunzip.feed(chunk)
         while True:
+            failure: CloudError | None = None
             try:
                 data = next(pieces, None)
             except zlib.error:
-                failure = DownloadIncompleteError(f"GET {path}: gzip stream is corrupt")
-                break
+                failure = DownloadIncompleteError(f"GET {self._path}: gzip stream is corrupt")
+            if failure is not None:
+                raise failure
             if data is None:
-                break
-            if tap is not None:
-                tap(data)
-            if skipping >= 0:  # inside an over-long line: drop bytes up to its line break
-                end = data.find(b"\n")
-                if end < 0:
-                    skipping += len(data)
-                    continue
-                yield [SkippedLine(skipping + end + 1, "line_too_long")]
-                skipping = -1
-                data = data[end + 1 :]
-            pending += data
-            cut = pending.rfind(b"\n")
-            if cut >= 0:
-                with memoryview(pending) as view:  # one copy of the lines, not two
-                    lines = _split_block(bytes(view[: cut + 1]), limit)
-                del pending[: cut + 1]
-                yield lines
-            if len(pending) > limit:  # the line under way is already too long
-                skipping = len(pending)
-                pending.clear()
-    if failure is None and expected is not None and received < expected:
-        failure = DownloadIncompleteError(
-            f"GET {path}: body has {received} of {expected} bytes (Content-Length)"
-        )
-    if failure is None and gunzip is not None and not gunzip.complete():
-        failure = DownloadIncompleteError(f"GET {path}: gzip stream ends early")
-    last = ""
-    if failure is None and pending:
-        try:
-            last = pending.decode("utf-8")
-        except UnicodeDecodeError:
-            failure = DownloadIncompleteError(f"GET {path}: last line ends mid-character")
-    if failure is None and last and not final_line_ok(last):
-        failure = DownloadIncompleteError(f"GET {path}: last line is cut short")
-    if failure is not None:
-        raise failure
-    if skipping >= 0:
-        yield [SkippedLine(skipping, "line_too_long")]
-    if last:
-        yield [bytes(pending)]
+                return
+            yield data
+
+    def check_complete(self) -> None:
+        """DownloadIncompleteError if the body ended before its Content-Length or gzip trailer."""
+        failure: CloudError | None = None
+        if self._expected is not None and self._received < self._expected:
+            failure = DownloadIncompleteError(
+                f"GET {self._path}: body has {self._received} of {self._expected} bytes "
+                "(Content-Length)"
+            )
+        elif self._gunzip is not None and not self._gunzip.complete():
+            failure = DownloadIncompleteError(f"GET {self._path}: gzip stream ends early")
+        if failure is not None:
+            raise failure
+
+
+class _Lines:
+    """Cuts a body's pieces into complete lines, streaming past a line longer than the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._pending = bytearray()
+        self._skipping = -1  # bytes of an over-long line streamed past so far; -1: not skipping
+
+    def feed(self, data: bytes) -> Iterator[list[Line]]:
+        """The lines a piece completes, as a list (none when it completes no line)."""
+        if self._skipping >= 0:  # inside an over-long line: drop bytes up to its line break
+            end = data.find(b"\n")
+            if end < 0:
+                self._skipping += len(data)
+                return
+            yield [SkippedLine(self._skipping + end + 1, "line_too_long")]
+            self._skipping = -1
+            data = data[end + 1 :]
+        pending = self._pending
+        pending += data
+        cut = pending.rfind(b"\n")
+        if cut >= 0:
+            with memoryview(pending) as view:  # one copy of the lines, not two
+                lines = _split_block(bytes(view[: cut + 1]), self._limit)
+            del pending[: cut + 1]
+            yield lines
+        if len(pending) > self._limit:  # the line under way is already too long
+            self._skipping = len(pending)
+            pending.clear()
+
+    def rest(self, path: str, final_line_ok: Callable[[str], bool]) -> Iterator[list[Line]]:
+        """The line the body ends on without a break; DownloadIncompleteError if it is cut
+        short."""
+        failure: CloudError | None = None
+        last = ""
+        if self._pending:
+            try:
+                last = self._pending.decode("utf-8")
+            except UnicodeDecodeError:
+                failure = DownloadIncompleteError(f"GET {path}: last line ends mid-character")
+        if failure is None and last and not final_line_ok(last):
+            failure = DownloadIncompleteError(f"GET {path}: last line is cut short")
+        if failure is not None:
+            raise failure
+        if self._skipping >= 0:
+            yield [SkippedLine(self._skipping, "line_too_long")]
+        if last:
+            yield [bytes(self._pending)]
