@@ -17,6 +17,7 @@ inline (``inline: true``, :meth:`ChangeSet.as_dict`'s lists) while there are at 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -26,7 +27,7 @@ from sqlalchemy.orm import Session
 from config.datasets import Dataset
 from sync import outbox
 from sync.casts import to_json
-from sync.datasets.changes import ADDED, CHANGED, REMOVED, ChangeSet
+from sync.datasets.changes import ADDED, CHANGED, REMOVED, ChangeSet, EntityChange
 from sync.datasets.rows import insert_rows
 from sync.datasets.tables import DatasetTables
 
@@ -88,7 +89,7 @@ def changes_path(dataset: str, run_id: str, revision: int) -> str:
 def event_payload(changes: ChangeSet, *, revision: int, limit: int) -> dict[str, Any]:
     """A publication's ``dataset.changed`` payload: the changes inline while they fit under
     ``limit`` entries, otherwise (and for a baseline) a summary that says where to fetch them."""
-    inline = not changes.baseline and len(changes.entries) <= limit
+    inline = not changes.baseline and sum(changes.counts().values()) <= limit
     whole = changes.as_dict()
     if not inline:
         for kind in (ADDED, REMOVED, CHANGED):
@@ -116,16 +117,74 @@ def announce(
     """Keep the change set in ``X_changes`` and write its one ``dataset.changed`` event, in the
     caller's transaction; the event ids."""
     insert_rows(session, tables.changes, change_rows(changes, revision=revision, now=now))
-    payload = event_payload(changes, revision=revision, limit=dataset.max_changes_per_event)
-    event = outbox.write_event(
+    return [_write_event(session, dataset, changes, revision, now)]
+
+
+def _write_event(
+    session: Session, dataset: Dataset, changes: ChangeSet, revision: int, now: datetime
+) -> str:
+    return outbox.write_event(
         session,
         event_type=EVENT_TYPE,
         event_key=f"{EVENT_TYPE}.1",
         run_id=changes.run_id,
         dataset=dataset.name,
         revision=revision,
-        payload=payload,
+        payload=event_payload(changes, revision=revision, limit=dataset.max_changes_per_event),
         destinations=[d.key for d in dataset.destinations],
         now=now,
     )
-    return [event]
+
+
+@dataclass
+class Feed:
+    """A publication's change set, taken a batch of entities at a time: each batch's rows go to
+    ``X_changes`` at once, and only the counts, plus the entries while they still fit inline,
+    stay in memory, so a publication of any size holds one batch."""
+
+    session: Session
+    tables: DatasetTables
+    dataset: Dataset
+    run_id: str
+    previous_run_id: str | None
+    revision: int
+    now: datetime
+    baseline: bool
+    counts: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys((ADDED, REMOVED, CHANGED), 0)
+    )
+    kept: list[EntityChange] | None = field(default_factory=list)
+
+    def add(self, changes: ChangeSet) -> None:
+        """Take one batch's change set: store its rows, count it, keep its entries if they fit."""
+        insert_rows(
+            self.session,
+            self.tables.changes,
+            change_rows(changes, revision=self.revision, now=self.now),
+        )
+        for kind, n in changes.counts().items():
+            self.counts[kind] += n
+        if self.kept is not None and not self.baseline:
+            self.kept.extend(changes.entries)
+            if len(self.kept) > self.dataset.max_changes_per_event:
+                self.kept = None  # a summary, then: the entries stay in X_changes only
+
+    def change_set(self) -> ChangeSet:
+        """The whole change set: its counts, and its entries in order while they fit inline."""
+        kept = sorted(self.kept or [], key=lambda e: e.entity_key)
+        return ChangeSet(
+            dataset=self.dataset.name,
+            run_id=self.run_id,
+            previous_run_id=self.previous_run_id,
+            added=tuple(e for e in kept if e.kind == ADDED),
+            removed=tuple(e for e in kept if e.kind == REMOVED),
+            changed=tuple(e for e in kept if e.kind == CHANGED),
+            baseline=self.baseline,
+            totals=dict(self.counts),
+        )
+
+    def announce(self) -> list[str]:
+        """Write the publication's one ``dataset.changed`` event; its id."""
+        return [
+            _write_event(self.session, self.dataset, self.change_set(), self.revision, self.now)
+        ]

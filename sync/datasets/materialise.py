@@ -21,13 +21,15 @@ removed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Select, Text, cast, exists, func, select, update
+from sqlalchemy import RowMapping, Select, Text, cast, exists, func, select, true, update
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 from config.columns import watch_by_column
@@ -44,6 +46,8 @@ from sync.datasets.tables import DatasetTables
 from sync.db import planner_method_off
 from sync.models import Observation, PartitionVerdict, Publication, Run
 from sync.states import PartitionState, ValidationState
+
+BATCH = 2000  # entities cast, compared and written at a time: a publication holds one batch
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,20 @@ class Materialised:
     events: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class _Publishing:
+    """One publication in progress: where it writes and what it compares against."""
+
+    session: Session
+    dataset: Dataset
+    run: Run
+    feed: change_feed.Feed
+    start: datetime
+    undo: frozenset[str]
+    fresh: bool  # the history held nothing: each row opens its entity's first stretch
+    counted_only: bool  # a baseline into an empty table: counted, never listed
+
+
 def apply_publication(
     session: Session,
     dataset: Dataset,
@@ -76,29 +94,53 @@ def apply_publication(
     replacing: str | None = None,
 ) -> Materialised:
     """Bring the dataset's table to ``run``'s published view, with its history and change feed;
-    ``replacing`` is a published run being withdrawn in its favour."""
+    ``replacing`` is a published run being withdrawn in its favour. The run's rows pass through
+    Python a batch at a time, so memory does not grow with the run."""
     tables = dataset_schema.tables_in(session, dataset.name, schema)
     # the history held nothing before this publication (a first copy fills the table below)
     fresh = dataset_history.is_empty(session, tables)
+    had_rows = _has_rows(session, tables)
     copied = _copy_plain_first(session, dataset, tables, run) if fresh else 0
     # a first publication that copied every row leaves nothing for Python to cast or compare
     complete = copied > 0 and copied == _valid_count(session, run.run_id)
-    seen = [] if complete else _new_and_changed(session, tables, run.run_id)
-    if not dataset.columns:
-        fields = {name for s in seen for name in s.payload}
-        added = dataset_schema.new_columns(tables.columns, fields)
+    if not dataset.columns and not complete:
+        added = dataset_schema.new_columns(tables.columns, _new_fields(session, tables, run))
         tables = dataset_schema.add_columns(session, tables, added, schema)
-    gone: dict[str, Values] = {}
+    baseline = not _published_before(session, dataset.name)
+    feed = change_feed.Feed(
+        session, tables, dataset, run.run_id, previous_run_id, run.revision, now, baseline
+    )
+    # a run published again corrects what it wrote before; a fallback undoes the withdrawn run
+    publishing = _Publishing(
+        session,
+        dataset,
+        run,
+        feed,
+        start=dataset_history.window_start(run),
+        undo=frozenset({replacing} if replacing else {run.run_id}),
+        fresh=fresh,
+        counted_only=baseline and not had_rows,
+    )
+    if not complete:
+        for batch in _new_and_changed(session, tables, run.run_id):
+            _publish_batch(publishing, tables, batch)
     if not copied:  # after a first copy the table holds only rows of this run
         quarantined = _quarantined(session, run.run_id)
-        gone = {
-            key: values
-            for key, (partition, values) in _missing(session, tables, run.run_id).items()
-            if (partition if partition is not None else NO_PARTITION) not in quarantined
-        }
-    rows: dict[str, Row | None] = dict.fromkeys(gone)
+        for gone in _missing(session, tables, run.run_id):
+            _remove_batch(publishing, tables, gone, quarantined)
+    if copied:  # a baseline, counted only: the rows the database copied are added too
+        feed.counts[ADDED] += copied
+    if had_rows:  # rows written before this publication may have been observed unchanged
+        _take_unchanged(session, tables, run)
+    return Materialised(feed.change_set(), tuple(feed.announce()))
+
+
+def _publish_batch(publishing: _Publishing, tables: DatasetTables, seen: list[_Seen]) -> None:
+    """Cast, compare, record in the history and write one batch of new and changed entities."""
+    session, run = publishing.session, publishing.run
+    rows: dict[str, Row | None] = {}
     failures: dict[str, list[dict[str, Any]] | None] = {}
-    before: dict[str, Values] = dict(gone)
+    before: dict[str, Values] = {}
     after: dict[str, Values] = {}
     for s in seen:
         values, failed = cast_record(tables.columns, s.payload)
@@ -107,30 +149,15 @@ def apply_publication(
         after[s.entity_key] = values
         if s.before is not None:
             before[s.entity_key] = s.before
-    baseline = not _published_before(session, dataset.name)
-    changes = compare(
-        dataset.name,
-        run.run_id,
-        previous_run_id,
-        before,
-        after,
-        watch_by_column(dataset.watch),
-        baseline=baseline,
-    )
-    if copied:  # a baseline, counted only: the rows the database copied are added too
-        changes = replace(changes, totals={**changes.counts(), ADDED: len(after) + copied})
-    start = dataset_history.window_start(run)
-    was_empty = copied > 0 or (not before and not _has_rows(session, tables))
-    # a run published again corrects what it wrote before; a fallback undoes the withdrawn run
-    undo = {replacing} if replacing else {run.run_id}
-    if fresh:  # nothing to reconcile: each row opens its entity's first stretch
+    publishing.feed.add(_compare(publishing, before, after))
+    if publishing.fresh:  # nothing to reconcile: each row opens its entity's first stretch
+        start = publishing.start
         dates = {key: dataset_history.Dates(start, start, run.run_id) for key in after}
     else:
         dates = dataset_history.record(
-            session, tables, rows, run_id=run.run_id, start=start, undo=undo
+            session, tables, rows, run_id=run.run_id, start=publishing.start, undo=publishing.undo
         )
-    replaced = [s.entity_key for s in seen if s.before is not None]
-    delete_keys(session, tables.current, "entity_key", replaced + list(gone))
+    delete_keys(session, tables.current, "entity_key", list(before))
     insert_rows(
         session,
         tables.current,
@@ -150,10 +177,48 @@ def apply_publication(
             for s in seen
         ],
     )
-    if not was_empty:  # rows written before this publication may have been observed unchanged
-        _take_unchanged(session, tables, run)
-    events = change_feed.announce(session, tables, dataset, changes, revision=run.revision, now=now)
-    return Materialised(changes, tuple(events))
+
+
+def _remove_batch(
+    publishing: _Publishing,
+    tables: DatasetTables,
+    missing: dict[str, tuple[str | None, Values]],
+    quarantined: set[str],
+) -> None:
+    """Take one batch of entities the run no longer has out of ``X``, closing their history
+    (those of partitions the run quarantined keep their rows)."""
+    gone = {
+        key: values
+        for key, (partition, values) in missing.items()
+        if (partition if partition is not None else NO_PARTITION) not in quarantined
+    }
+    if not gone:
+        return
+    publishing.feed.add(_compare(publishing, gone, {}))
+    dataset_history.record(
+        publishing.session,
+        tables,
+        dict.fromkeys(gone),
+        run_id=publishing.run.run_id,
+        start=publishing.start,
+        undo=publishing.undo,
+    )
+    delete_keys(publishing.session, tables.current, "entity_key", list(gone))
+
+
+def _compare(
+    publishing: _Publishing, before: Mapping[str, Values], after: Mapping[str, Values]
+) -> ChangeSet:
+    feed = publishing.feed
+    return compare(
+        publishing.dataset.name,
+        publishing.run.run_id,
+        feed.previous_run_id,
+        before,
+        after,
+        watch_by_column(publishing.dataset.watch),
+        baseline=publishing.counted_only,
+    )
 
 
 def apply_withdrawal(
@@ -207,13 +272,13 @@ def _valid(run_id: str) -> Any:
     return (o.run_id == run_id) & (o.validation_state == ValidationState.VALID)
 
 
-def _new_and_changed(session: Session, tables: DatasetTables, run_id: str) -> list[_Seen]:
-    """The run's valid observations whose entity ``X`` lacks or holds with another payload
-    hash, with the row ``X`` holds of it."""
+def _seen_query(tables: DatasetTables, run_id: str) -> Select[Any]:
+    """The run's valid observations whose entity ``X`` lacks or holds with another payload hash,
+    with the row ``X`` holds of it."""
     o = Observation.__table__.c
     x = tables.current.c
     names = [c.name for c in tables.columns]
-    query = (
+    return (
         select(
             o.entity_key,
             o.partition,
@@ -225,19 +290,47 @@ def _new_and_changed(session: Session, tables: DatasetTables, run_id: str) -> li
         .select_from(Observation.__table__.outerjoin(tables.current, x.entity_key == o.entity_key))
         .where(_valid(run_id), x.entity_key.is_(None) | (x.payload_hash != o.payload_hash))
     )
-    found = []
-    for r in session.execute(query).mappings():
-        known = r["_known"] is not None
-        found.append(
+
+
+def _new_and_changed(session: Session, tables: DatasetTables, run_id: str) -> Iterator[list[_Seen]]:
+    """:func:`_seen_query`'s rows in batches, read as the caller writes them. A batch's rows of
+    ``X`` are replaced by rows of the run, which the query no longer finds, and no other
+    observation of the run has their entity, so writing while reading changes no later batch."""
+    names = [c.name for c in tables.columns]
+    for part in _batches(session, _seen_query(tables, run_id)):
+        yield [
             _Seen(
                 entity_key=r["entity_key"],
                 partition=r["partition"],
                 payload=orjson.loads(r["_payload"]),
                 payload_hash=r["payload_hash"],
-                before={n: r[f"_x_{n}"] for n in names} if known else None,
+                before={n: r[f"_x_{n}"] for n in names} if r["_known"] is not None else None,
             )
-        )
-    return found
+            for r in part
+        ]
+
+
+def _batches(session: Session, query: Select[Any]) -> Iterator[Sequence[RowMapping]]:
+    """The query's rows a batch at a time, the query run now. PostgreSQL streams them from a
+    server-side cursor, which never sees what the transaction writes after it opened; SQLite,
+    whose reads may see such writes, reads them all first (its deployments are the small ones)."""
+    if dataset_schema.dialect_of(session) == "postgresql":
+        streamed = session.execute(query.execution_options(yield_per=BATCH)).mappings()
+        return iter(streamed.partitions())
+    rows = session.execute(query).mappings().all()
+    return iter([rows[start : start + BATCH] for start in range(0, len(rows), BATCH)])
+
+
+def _new_fields(session: Session, tables: DatasetTables, run: Run) -> set[str]:
+    """The fields of the run's new and changed records, found by the database (a dataset
+    without a ``[columns]`` table gets a text column for each)."""
+    seen = _seen_query(tables, run.run_id).subquery()
+    if dataset_schema.dialect_of(session) == "postgresql":
+        keys = select(func.jsonb_object_keys(cast(seen.c._payload, JSONB))).distinct()
+    else:
+        each = func.json_each(seen.c._payload).table_valued("key")
+        keys = select(each.c.key).select_from(seen).join(each, true()).distinct()
+    return set(session.execute(keys).scalars())
 
 
 def missing_query(session: Session, tables: DatasetTables, run_id: str) -> Select[Any]:
@@ -264,13 +357,14 @@ def whole_set_joins(session: Session) -> AbstractContextManager[None]:
 
 def _missing(
     session: Session, tables: DatasetTables, run_id: str
-) -> dict[str, tuple[str | None, Values]]:
-    """The rows of ``X`` whose entity has no valid observation in the run: entity key ->
-    (partition, values)."""
+) -> Iterator[dict[str, tuple[str | None, Values]]]:
+    """The rows of ``X`` whose entity has no valid observation in the run, in batches: entity
+    key -> (partition, values). Only rows already read are deleted while reading."""
     names = [c.name for c in tables.columns]
     with whole_set_joins(session):
-        rows = session.execute(missing_query(session, tables, run_id)).mappings().all()
-    return {r["entity_key"]: (r["partition"], {n: r[n] for n in names}) for r in rows}
+        parts = _batches(session, missing_query(session, tables, run_id))
+    for part in parts:
+        yield {r["entity_key"]: (r["partition"], {n: r[n] for n in names}) for r in part}
 
 
 def _valid_count(session: Session, run_id: str) -> int:
