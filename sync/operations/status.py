@@ -2,6 +2,8 @@
 verdicts, tasks by state, the outbox backlog, the last reconcile and the API budget left.
 
 The CLI (``scrapesync status``), the status page and ``GET /api/runs`` all show this one dict.
+Its counts and ages come from :func:`figures`, which ``GET /metrics`` reads too, so the status
+report and Prometheus never answer one question two ways.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sync.models import (
     Delivery,
     Launch,
     MaintenanceRun,
+    Notification,
     Observation,
     OutboxEvent,
     PartitionVerdict,
@@ -29,6 +32,7 @@ from sync.models import (
     ScrapingJob,
     SyncTask,
 )
+from sync.operations import heartbeat
 from sync.states import AttemptOutcome, OutboxState, RunState, TaskState
 
 TASK_STATES: tuple[str, ...] = tuple(TaskState)  # in lifecycle order
@@ -294,13 +298,87 @@ def _publications(session: Session) -> list[dict[str, Any]]:
     ]
 
 
-def _tasks(session: Session, now: datetime) -> dict[str, Any]:
-    counts = dict.fromkeys(TASK_STATES, 0)
-    for state, count in session.execute(
-        select(SyncTask.state, func.count()).group_by(SyncTask.state)
-    ):
-        counts[state] = int(count)
-    oldest_lease = session.execute(
+@dataclass(frozen=True)
+class LastReconcile:
+    """The latest reconcile pass as recorded: when it ran and its summary."""
+
+    started_at: datetime
+    finished_at: datetime | None
+    summary: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Figures:
+    """The deployment's counts and moments read from SQL in one go: the one source of the
+    status report and of ``/metrics``."""
+
+    now: datetime
+    tasks_by_state: dict[str, int]  # every state of TASK_STATES, zero included
+    oldest_lease_at: datetime | None  # start of the oldest attempt under a lease still held
+    expired_leases: int
+    oldest_due_at: datetime | None  # the longest-waiting task that is due now
+    runs_by_state: dict[str, int]  # every state of RUN_STATES, zero included
+    outbox_events: dict[str, int]
+    deliveries: dict[str, int]
+    oldest_undelivered_at: datetime | None
+    notifications: int
+    attempts_by_outcome: dict[str, int]
+    last_reconcile: LastReconcile | None
+    last_maintenance_at: datetime | None
+
+    @property
+    def outbox_backlog(self) -> int:
+        """Outbox events not yet delivered to every destination."""
+        return sum(n for state, n in self.outbox_events.items() if state != OutboxState.DELIVERED)
+
+
+def figures(session: Session, now: datetime) -> Figures:
+    """Tasks, leases, runs, the outbox, notifications, attempts and the last passes, as of now."""
+    return Figures(
+        now=now,
+        tasks_by_state=dict.fromkeys(TASK_STATES, 0) | _grouped(session, SyncTask.state),
+        oldest_lease_at=_oldest_lease(session),
+        expired_leases=int(
+            session.execute(
+                select(func.count())
+                .select_from(SyncTask)
+                .where(SyncTask.state == TaskState.LEASED, SyncTask.lease_until < now)
+            ).scalar_one()
+        ),
+        oldest_due_at=session.execute(
+            select(func.min(SyncTask.next_attempt_at)).where(
+                SyncTask.state.in_((TaskState.PENDING, TaskState.RETRY_WAIT)),
+                SyncTask.next_attempt_at <= now,
+            )
+        ).scalar_one(),
+        runs_by_state=dict.fromkeys(RUN_STATES, 0) | _grouped(session, Run.state),
+        outbox_events=_grouped(session, OutboxEvent.state),
+        deliveries=_grouped(session, Delivery.state),
+        oldest_undelivered_at=session.execute(
+            select(func.min(OutboxEvent.created_at)).where(
+                OutboxEvent.state != OutboxState.DELIVERED
+            )
+        ).scalar_one(),
+        notifications=int(
+            session.execute(select(func.count()).select_from(Notification)).scalar_one()
+        ),
+        attempts_by_outcome=_grouped(session, Attempt.outcome),
+        last_reconcile=_latest_reconcile(session),
+        last_maintenance_at=heartbeat.last(session),
+    )
+
+
+def _grouped(session: Session, column: Any) -> dict[str, int]:
+    """Rows counted by the value of ``column``."""
+    return {
+        str(key): int(count)
+        for key, count in session.execute(select(column, func.count()).group_by(column))
+    }
+
+
+def _oldest_lease(session: Session) -> datetime | None:
+    """When the oldest attempt still running under its task's current lease started."""
+    return session.execute(
         select(func.min(Attempt.started_at))
         .select_from(Attempt)
         .join(
@@ -309,49 +387,10 @@ def _tasks(session: Session, now: datetime) -> dict[str, Any]:
         )
         .where(SyncTask.state == TaskState.LEASED, Attempt.outcome == AttemptOutcome.RUNNING)
     ).scalar_one()
-    expired = session.execute(
-        select(func.count())
-        .select_from(SyncTask)
-        .where(SyncTask.state == TaskState.LEASED, SyncTask.lease_until < now)
-    ).scalar_one()
-    oldest_due = session.execute(
-        select(func.min(SyncTask.next_attempt_at)).where(
-            SyncTask.state.in_((TaskState.PENDING, TaskState.RETRY_WAIT)),
-            SyncTask.next_attempt_at <= now,
-        )
-    ).scalar_one()
-    return {
-        "by_state": counts,
-        "oldest_lease_age_seconds": _age(now, oldest_lease),
-        "expired_leases": int(expired),
-        "oldest_due_age_seconds": _age(now, oldest_due),
-    }
 
 
-def _outbox(session: Session, now: datetime) -> dict[str, Any]:
-    events: dict[str, int] = {}
-    for state, count in session.execute(
-        select(OutboxEvent.state, func.count()).group_by(OutboxEvent.state)
-    ):
-        events[state] = int(count)
-    deliveries: dict[str, int] = {}
-    for state, count in session.execute(
-        select(Delivery.state, func.count()).group_by(Delivery.state)
-    ):
-        deliveries[state] = int(count)
-    oldest = session.execute(
-        select(func.min(OutboxEvent.created_at)).where(OutboxEvent.state != OutboxState.DELIVERED)
-    ).scalar_one()
-    backlog = sum(n for state, n in events.items() if state != OutboxState.DELIVERED)
-    return {
-        "events": events,
-        "deliveries": deliveries,
-        "backlog": backlog,
-        "oldest_undelivered_age_seconds": _age(now, oldest),
-    }
-
-
-def _last_reconcile(session: Session, now: datetime) -> dict[str, Any] | None:
+def _latest_reconcile(session: Session) -> LastReconcile | None:
+    """The reconcile pass that started last, if one ever did."""
     row = session.execute(
         select(MaintenanceRun)
         .where(MaintenanceRun.kind == "reconcile")
@@ -360,12 +399,40 @@ def _last_reconcile(session: Session, now: datetime) -> dict[str, Any] | None:
     ).scalar_one_or_none()
     if row is None:
         return None
-    summary = row.summary or {}
+    return LastReconcile(row.started_at, row.finished_at, row.summary or {})
+
+
+def _tasks(shown: Figures) -> dict[str, Any]:
+    """Sync tasks by state and the ages of the oldest lease and the longest-waiting task."""
     return {
-        "started_at": _iso(row.started_at),
-        "finished_at": _iso(row.finished_at),
-        "age_seconds": _age(now, row.started_at),
-        "state": summary.get("state", "done" if row.finished_at else "running"),
+        "by_state": shown.tasks_by_state,
+        "oldest_lease_age_seconds": _age(shown.now, shown.oldest_lease_at),
+        "expired_leases": shown.expired_leases,
+        "oldest_due_age_seconds": _age(shown.now, shown.oldest_due_at),
+    }
+
+
+def _outbox(shown: Figures) -> dict[str, Any]:
+    """Outbox events and deliveries by state, the backlog and its oldest event's age."""
+    return {
+        "events": shown.outbox_events,
+        "deliveries": shown.deliveries,
+        "backlog": shown.outbox_backlog,
+        "oldest_undelivered_age_seconds": _age(shown.now, shown.oldest_undelivered_at),
+    }
+
+
+def _last_reconcile(shown: Figures) -> dict[str, Any] | None:
+    """The last reconcile pass: when, how long ago, and what it listed and wanted."""
+    last = shown.last_reconcile
+    if last is None:
+        return None
+    summary = last.summary
+    return {
+        "started_at": _iso(last.started_at),
+        "finished_at": _iso(last.finished_at),
+        "age_seconds": _age(shown.now, last.started_at),
+        "state": summary.get("state", "done" if last.finished_at else "running"),
         "listed": summary.get("listed"),
         "wanted": len(summary.get("wanted") or []),
         "runs_evaluated": len(summary.get("runs_evaluated") or []),
@@ -390,10 +457,11 @@ def overview(services: Services, *, limit: int = 50) -> dict[str, Any]:
             "generated_at": _iso(now),
             "runs": _runs(session, limit=limit),
             "publications": _publications(session),
-            "tasks": _tasks(session, now),
-            "outbox": _outbox(session, now),
-            "last_reconcile": _last_reconcile(session, now),
         }
+        shown = figures(session, now)
+    values["tasks"] = _tasks(shown)
+    values["outbox"] = _outbox(shown)
+    values["last_reconcile"] = _last_reconcile(shown)
     values["api_budget"] = {
         "remaining": _budget(services),
         "limit": services.settings.api_budget_limit,
