@@ -26,6 +26,12 @@ from sync.db import UnitOfWork, make_engine
 from sync.models import utcnow
 from sync.queue import Dispatcher, RecordingDispatcher, RQDispatcher
 
+# Every call of ours to Redis is short (no blocking pop: only the RQ worker's own connection,
+# which RQ builds and times itself, waits for jobs), so a Redis that stops answering fails a
+# call within seconds: a maintenance pass or a notification never hangs on it.
+REDIS_SOCKET_TIMEOUT = 5.0
+REDIS_CONNECT_TIMEOUT = 3.0
+
 
 class KillPoints:
     """Named places where a test may have the process killed (SIGKILL) or held to prove crash
@@ -90,6 +96,13 @@ class Services:
     delivery_transport: httpx.BaseTransport | None = None  # the outbox relay's HTTP transport
 
 
+def connect_redis(url: str) -> Redis:
+    """A Redis client for our own calls, which gives up on a Redis that does not answer."""
+    return Redis.from_url(
+        url, socket_timeout=REDIS_SOCKET_TIMEOUT, socket_connect_timeout=REDIS_CONNECT_TIMEOUT
+    )
+
+
 def worker_retry_policy() -> RetryPolicy:
     """Inline retries a worker can afford; longer waits park the task in retry_wait."""
     return RetryPolicy(max_attempts=3, max_elapsed=30.0, max_inline_wait=5.0)
@@ -113,7 +126,7 @@ def build(
     if uow is None:
         uow = UnitOfWork(make_engine(settings.database_url, role=role, **(engine_kwargs or {})))
     if redis is None and settings.redis_url:
-        redis = Redis.from_url(settings.redis_url)
+        redis = connect_redis(settings.redis_url)
     if dispatcher is None:
         dispatcher = RQDispatcher(redis) if redis is not None else RecordingDispatcher()
     if budget is None and settings.api_token:

@@ -1,20 +1,28 @@
 """Self-healing (issue 32): every task that SQL says is due ends synced by itself, whatever Redis
 holds: a job whose hash says it waits where no list or registry holds it, a delayed job that a
-flush took, or no job at all."""
+flush took, no job at all, or a Redis that stopped answering."""
 
 from __future__ import annotations
 
+import dataclasses
+import socket
+import time
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from flask import Flask
+from redis import Redis
 from rq.job import Job
 from rq.scheduler import RQScheduler
 
 from scrapesync.processes import wait_until
+from scrapesync.servers import PrivateRedis
 from simulator import CloudState
+from sync import bootstrap
 from sync.bootstrap import Services
-from sync.operations import maintenance
+from sync.db import UnitOfWork
+from sync.operations import heartbeat, maintenance
 from sync.queue import RQDispatcher, sync_job_id
 from tests.harness import (
     attempts_of,
@@ -200,3 +208,82 @@ def test_a_deferred_job_missing_from_its_registry_is_queued_again(services: Serv
 
     assert dispatcher.sync("job-3", generation=1, attempts=0) is True
     assert (_status(services, job_id), dispatcher.queue.job_ids) == ("queued", [job_id])
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers (a Redis that hangs)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield int(listener.getsockname()[1])
+
+
+def test_after_redis_fails_to_answer_the_dispatcher_gives_up_at_once_for_a_moment(
+    silent_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Redis that does not answer costs one socket timeout, not one per job: the next jobs
+    are refused at once for the hold-off, and each refusal is logged with the job it names."""
+    dispatcher = RQDispatcher(bootstrap.connect_redis(f"redis://127.0.0.1:{silent_port}/0"))
+    started = time.monotonic()
+    assert dispatcher.sync("job-4", generation=1, attempts=0) is None
+    first = time.monotonic() - started
+    assert bootstrap.REDIS_SOCKET_TIMEOUT <= first < bootstrap.REDIS_SOCKET_TIMEOUT + 3
+    started = time.monotonic()
+    assert [dispatcher.relay(bucket=1), dispatcher.evaluation("r1", suffix="s1")] == [None, None]
+    assert time.monotonic() - started < 0.5
+    failures = [r for r in caplog.records if r.msg.endswith("enqueue_failed")]
+    assert [r.msg for r in failures] == [
+        "sync.enqueue_failed",
+        "relay.enqueue_failed",
+        "evaluation.enqueue_failed",
+    ]
+    assert "relay-1 not queued" in str(failures[1].exc_info[1])  # type: ignore[index]
+
+
+@pytest.mark.slow
+def test_a_hung_redis_does_not_stop_the_passes_and_they_heal_once_it_answers(
+    web: Flask, services: Services, cloud: CloudState, uow: UnitOfWork
+) -> None:
+    """Redis stops answering mid-life (SIGSTOP): every call gives up after the client's timeout,
+    the passes keep coming and their heartbeat with them, and once Redis answers again (empty)
+    the next pass queues the task that waits."""
+    server = PrivateRedis()
+    server.start()
+    loop: maintenance.MaintenanceLoop | None = None
+    try:
+        redis = bootstrap.connect_redis(server.url)
+        fast = dataclasses.replace(services.settings, sweep_interval=1.0)
+        hung = dataclasses.replace(
+            services, redis=redis, dispatcher=RQDispatcher(redis), settings=fast
+        )
+        job_id = _finished_job(cloud, 5)
+        notify(web, job_id)  # queued on the tests' Redis, never on the private one
+        wanted = _wanted_job_id(services, f"job-{job_id}")
+        loop = maintenance.MaintenanceLoop(hung, owner="w1")
+        loop.start()
+        wait_until(lambda: wanted in _queue_of(redis), timeout=10, what="the first pass queues")
+        wait_until(lambda: _beats(loop, uow)[1] is not None, timeout=10, what="its heartbeat")
+
+        server.pause()
+        before = _beats(loop, uow)
+        wait_until(lambda: _beats(loop, uow)[0] >= before[0] + 2, timeout=60, what="2 passes")
+        assert _beats(loop, uow)[1] > before[1]  # status sees the passes go on
+
+        server.resume()
+        redis.flushall()
+        wait_until(lambda: wanted in _queue_of(redis), timeout=15, what="a pass queues again")
+    finally:
+        if loop is not None:
+            loop.stop()
+        server.resume()
+        server.kill()
+
+
+def _queue_of(redis: Redis) -> list[str]:
+    return [bytes(j).decode() for j in redis.lrange("rq:queue:scrapesync", 0, -1)]
+
+
+def _beats(loop: maintenance.MaintenanceLoop, uow: UnitOfWork) -> tuple[int, object]:
+    with uow.begin() as session:
+        return loop.passes, heartbeat.last(session)
