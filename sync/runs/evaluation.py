@@ -20,13 +20,14 @@ evaluation that commits in between makes this one retry instead of marking rows 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import case, delete, func, or_, select, update
+from sqlalchemy import case, delete, func, or_, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -58,6 +59,8 @@ CONFLICT_RETRIES = 5
 # a serialization failure, a deadlock, a lock not granted in time (a column being added)
 _RETRYABLE_SQLSTATES = ("40001", "40P01", "55P03")
 _CHUNK = 500  # run ids per IN (...) list, well under any driver's parameter limit
+_LOCK_SPACE = 0x5C5E  # the advisory locks' first key: scrapesync's evaluations
+_TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:space, hashtext(:run))")
 
 
 @dataclass(frozen=True)
@@ -76,7 +79,31 @@ class Evaluation:
 
 
 def evaluate_run(services: Services, run_id: str) -> Evaluation:
-    """Judge a run and write its verdict, publication and outbox events in one transaction."""
+    """Judge a run and write its verdict, publication and outbox events in one transaction. At
+    most one evaluation of a run runs at a time: another one leaves at once, as ``busy``."""
+    with _alone(services, run_id) as alone:
+        if not alone:
+            log.info("evaluation.busy", extra={"run_id": run_id})
+            return Evaluation(run_id, "busy", None)
+        return _evaluate(services, run_id)
+
+
+@contextmanager
+def _alone(services: Services, run_id: str) -> Iterator[bool]:
+    """Whether this is the only evaluation of the run under way: PostgreSQL's advisory lock,
+    taken in a transaction of its own connection and held until it ends, so whatever ends the
+    evaluation (a worker's death too) lets go. SQLite's writers take turns anyway."""
+    if services.uow.dialect != "postgresql":
+        yield True
+        return
+    with services.uow.engine.connect() as conn:
+        try:
+            yield bool(conn.execute(_TRY_LOCK, {"space": _LOCK_SPACE, "run": run_id}).scalar_one())
+        finally:
+            conn.rollback()
+
+
+def _evaluate(services: Services, run_id: str) -> Evaluation:
     _ensure_tables(services, run_id)
     errors = _refresh_cloud_facts(services, run_id)
     for attempt in range(1, CONFLICT_RETRIES + 1):
