@@ -23,6 +23,24 @@ from config.columns import (
 WINDOWS = ("daily", "weekly", "job")
 POLICIES = ("reject", "publish_passing")
 PARSERS = ("number", "integer", "url", "nonempty")
+DATASET_KEYS = frozenset(
+    {
+        "sitemap",
+        "sitemap_id",
+        "entity_key",
+        "window",
+        "partition",
+        "required",
+        "url_fields",
+        "policy",
+        "quality",
+        "destinations",
+        "columns",
+        "watch",
+        "retain_windows",
+        "max_changes_per_event",
+    }
+)
 
 
 class DatasetsFileError(Exception):
@@ -207,25 +225,47 @@ def _destination(where: str, raw: Any) -> Destination:
 
 def _dataset(source: str, name: str, raw: Any) -> Dataset:
     where = f"{source}: [datasets.{name}]"
+    _check_table(where, name, raw)
+    sitemap_id = _sitemap_id(where, raw.get("sitemap_id"))
+    window = _choice(f"{where}.window", raw.get("window", "daily"), WINDOWS)
+    policy = _choice(f"{where}.policy", raw.get("policy", "reject"), POLICIES)
+    partition = raw.get("partition")
+    if partition is not None and not isinstance(partition, str):
+        raise DatasetsFileError(f"{where}.partition must be a field name")
+    entity_key = _entity_key(where, raw["entity_key"])
+    destinations = raw.get("destinations", [])
+    if not isinstance(destinations, list):
+        raise DatasetsFileError(f"{where}.destinations must be an array of tables")
+    columns, watch, retain_windows, max_changes = _table_settings(where, raw)
+    return Dataset(
+        name=name,
+        entity_key=entity_key,
+        sitemap=raw.get("sitemap"),
+        sitemap_id=sitemap_id,
+        window=window,
+        partition=partition,
+        required=_strings(f"{where}.required", raw.get("required", []))
+        if raw.get("required")
+        else (),
+        url_fields=_url_fields(where, raw.get("url_fields"), entity_key),
+        policy=policy,
+        quality=_quality(f"{where}.quality", raw.get("quality")),
+        destinations=tuple(
+            _destination(f"{where}.destinations[{i}]", d) for i, d in enumerate(destinations)
+        ),
+        columns=columns,
+        watch=watch,
+        retain_windows=retain_windows,
+        max_changes_per_event=max_changes,
+    )
+
+
+def _check_table(where: str, name: str, raw: Any) -> None:
+    """Refuse a dataset's table that is no table, has unknown keys, a name too long for its SQL
+    tables, or lacks its entity key or sitemap."""
     if not isinstance(raw, dict):
         raise DatasetsFileError(f"{where} must be a table")
-    allowed = {
-        "sitemap",
-        "sitemap_id",
-        "entity_key",
-        "window",
-        "partition",
-        "required",
-        "url_fields",
-        "policy",
-        "quality",
-        "destinations",
-        "columns",
-        "watch",
-        "retain_windows",
-        "max_changes_per_event",
-    }
-    unknown = set(raw) - allowed
+    unknown = set(raw) - DATASET_KEYS
     if unknown:
         raise DatasetsFileError(f"{where} has unknown keys {sorted(unknown)}")
     if len(name) > MAX_DATASET_NAME:
@@ -237,28 +277,41 @@ def _dataset(source: str, name: str, raw: Any) -> Dataset:
         raise DatasetsFileError(f"{where} needs entity_key (the fields that identify a record)")
     if "sitemap" not in raw and "sitemap_id" not in raw:
         raise DatasetsFileError(f"{where} needs sitemap (name) or sitemap_id")
-    sitemap_id = raw.get("sitemap_id")
+
+
+def _sitemap_id(where: str, sitemap_id: Any) -> int | None:
     if sitemap_id is not None and (isinstance(sitemap_id, bool) or not isinstance(sitemap_id, int)):
         raise DatasetsFileError(f"{where}.sitemap_id must be a whole number")
-    window = raw.get("window", "daily")
-    if window not in WINDOWS:
-        raise DatasetsFileError(f"{where}.window must be one of {WINDOWS}, got {window!r}")
-    policy = raw.get("policy", "reject")
-    if policy not in POLICIES:
-        raise DatasetsFileError(f"{where}.policy must be one of {POLICIES}, got {policy!r}")
-    partition = raw.get("partition")
-    if partition is not None and not isinstance(partition, str):
-        raise DatasetsFileError(f"{where}.partition must be a field name")
-    entity_key = _strings(f"{where}.entity_key", raw["entity_key"])
+    return sitemap_id
+
+
+def _choice(where: str, value: Any, options: tuple[str, ...]) -> str:
+    if value not in options:
+        raise DatasetsFileError(f"{where} must be one of {options}, got {value!r}")
+    return str(value)
+
+
+def _entity_key(where: str, raw: Any) -> tuple[str, ...]:
+    entity_key = _strings(f"{where}.entity_key", raw)
     if any(k.startswith("web-scraper-") for k in entity_key):
         raise DatasetsFileError(
             f"{where}.entity_key must use business fields: Cloud's web-scraper-* fields change "
             "with every job"
         )
-    url_fields = raw.get("url_fields")
-    destinations = raw.get("destinations", [])
-    if not isinstance(destinations, list):
-        raise DatasetsFileError(f"{where}.destinations must be an array of tables")
+    return entity_key
+
+
+def _url_fields(where: str, raw: Any, entity_key: tuple[str, ...]) -> tuple[str, ...]:
+    """The fields named as URLs, or by default the entity key's fields that are URLs by name."""
+    if raw is not None:
+        return _strings(f"{where}.url_fields", raw)
+    return tuple(k for k in entity_key if k in ("url", "link", "href") or k.endswith("_url"))
+
+
+def _table_settings(
+    where: str, raw: dict[str, Any]
+) -> tuple[tuple[Column, ...], tuple[Watch, ...], int | None, int]:
+    """The dataset's typed columns, watched columns, retention and change-event size."""
     try:
         columns = parse_columns(f"{where}.columns", raw.get("columns"))
         watch = parse_watch(f"{where}.watch", raw.get("watch"), columns)
@@ -271,31 +324,7 @@ def _dataset(source: str, name: str, raw: Any) -> Dataset:
     except ColumnsError as exc:
         raise DatasetsFileError(str(exc)) from None
     assert max_changes is not None
-    return Dataset(
-        name=name,
-        entity_key=entity_key,
-        sitemap=raw.get("sitemap"),
-        sitemap_id=sitemap_id,
-        window=window,
-        partition=partition,
-        required=_strings(f"{where}.required", raw.get("required", []))
-        if raw.get("required")
-        else (),
-        url_fields=(
-            _strings(f"{where}.url_fields", url_fields)
-            if url_fields is not None
-            else tuple(k for k in entity_key if k in ("url", "link", "href") or k.endswith("_url"))
-        ),
-        policy=policy,
-        quality=_quality(f"{where}.quality", raw.get("quality")),
-        destinations=tuple(
-            _destination(f"{where}.destinations[{i}]", d) for i, d in enumerate(destinations)
-        ),
-        columns=columns,
-        watch=watch,
-        retain_windows=retain_windows,
-        max_changes_per_event=max_changes,
-    )
+    return columns, watch, retain_windows, max_changes
 
 
 def parse_datasets(text: str, *, source: str = "<datasets>") -> Datasets:
