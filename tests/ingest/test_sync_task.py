@@ -322,6 +322,24 @@ def _cut_then_retried(
     return result
 
 
+class _DigestsReadFirst(LineDigests):
+    """The run's line digests, read before the sync goes on (so nothing is read ahead)."""
+
+    @classmethod
+    def reading(
+        cls,
+        engine: Engine,
+        rules: str,
+        run_id: str,
+        *,
+        first_known: Callable[[], None] | None = None,
+    ) -> LineDigests:
+        """The digests the run's rows hold, read by the time this returns."""
+        found = super().reading(engine, rules, run_id, first_known=first_known)
+        found.wait()
+        return found
+
+
 @pytest.mark.postgres
 def test_a_later_sync_cut_mid_stream_undoes_what_it_merged_and_the_retry_completes(
     web: Flask, services: Services, cloud: CloudState, monkeypatch: pytest.MonkeyPatch
@@ -343,6 +361,10 @@ def test_a_later_sync_cut_mid_stream_undoes_what_it_merged_and_the_retry_complet
         real_send(self, rows, payloads)
 
     monkeypatch.setattr(staging._EarlyMerge, "send", counted)
+    # The whole export is smaller than what the sync reads ahead while the run's digests are
+    # read, so a download cut before they came would be cut before any batch was merged: the
+    # digests are read first, and every line reaches the early merge as it downloads.
+    monkeypatch.setattr(tasks, "LineDigests", _DigestsReadFirst)
 
     def nothing_kept() -> bool:
         assert len(sent) >= 2  # batches had gone in before the cut
