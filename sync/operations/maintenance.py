@@ -91,6 +91,7 @@ STEPS: tuple[tuple[str, Callable[[Services], dict[str, int] | int | bool]], ...]
 def run_pass(services: Services) -> PassReport:
     """One maintenance pass; a step that raises is logged and the next step still runs. The
     pass ends with its heartbeat row, so that operators can see when it last came round."""
+    services.killpoints.reached("maintenance-pass")  # a drill holds a pass here, forks waiting
     report = PassReport()
     for name, step in STEPS:
         try:
