@@ -133,16 +133,31 @@ def tables_for(
     in_schema = schema if dialect == "postgresql" else None
     metadata = MetaData(schema=in_schema)
     name = base_name(dataset, dialect=dialect)
-    identity = BigInteger().with_variant(Integer, "sqlite")
+    return DatasetTables(
+        dataset=dataset,
+        columns=columns,
+        schema=in_schema,
+        current=_current_table(dataset, name, columns, metadata),
+        closed=_closed_table(dataset, name, columns, metadata),
+        changes=_changes_table(dataset, name, metadata),
+        history=_history_view(dataset, name, columns, MetaData(schema=in_schema)),
+    )
 
-    def typed() -> list[SQLColumn[Any]]:
-        return [SQLColumn(c.name, sql_type(c), comment=comment_for(c)) for c in columns]
 
-    current = Table(
+def _typed(columns: tuple[Column, ...]) -> list[SQLColumn[Any]]:
+    """The dataset's typed columns, fresh for one table."""
+    return [SQLColumn(c.name, sql_type(c), comment=comment_for(c)) for c in columns]
+
+
+def _current_table(
+    dataset: str, name: str, columns: tuple[Column, ...], metadata: MetaData
+) -> Table:
+    """The published run: one row per entity, with the run and moment of its last change."""
+    return Table(
         name,
         metadata,
         SQLColumn("entity_key", Text, primary_key=True, comment="the entity's stable key"),
-        *typed(),
+        *_typed(columns),
         SQLColumn("partition", Text, comment="the partition the row was published in"),
         SQLColumn("run_id", String(200), nullable=False, comment="the run the row comes from"),
         SQLColumn("collection_window", String(40), nullable=False),
@@ -160,12 +175,18 @@ def tables_for(
         # up by it, and each publication would rewrite an entry for every row it moves
         comment=f"the published run of dataset {dataset!r}, one row per entity",
     )
-    closed = Table(
+
+
+def _closed_table(
+    dataset: str, name: str, columns: tuple[Column, ...], metadata: MetaData
+) -> Table:
+    """The closed stretches of the dataset's history, each written once, when it closed."""
+    return Table(
         f"{name}{CLOSED_SUFFIX}",
         metadata,
         # an entity's stretches never overlap and are never empty: one starts at each moment
         SQLColumn("entity_key", Text, primary_key=True),
-        *typed(),
+        *_typed(columns),
         SQLColumn("partition", Text),
         SQLColumn("run_id", String(200), nullable=False, comment="the run that opened it"),
         SQLColumn(
@@ -179,7 +200,12 @@ def tables_for(
         SQLColumn("payload_hash", String(64), nullable=False),
         comment=f"dataset {dataset!r}: the closed stretches of its history",
     )
-    changes = Table(
+
+
+def _changes_table(dataset: str, name: str, metadata: MetaData) -> Table:
+    """What each publication added, removed and changed, one row per entity or column."""
+    identity = BigInteger().with_variant(Integer, "sqlite")
+    return Table(
         f"{name}{CHANGES_SUFFIX}",
         metadata,
         SQLColumn("id", identity, primary_key=True, autoincrement=True),
@@ -195,11 +221,18 @@ def tables_for(
         Index(f"ix_{name}_changes_run", "run_id", "revision"),
         comment=f"dataset {dataset!r}: what each publication added, removed and changed",
     )
-    history = Table(
+
+
+def _history_view(
+    dataset: str, name: str, columns: tuple[Column, ...], metadata: MetaData
+) -> Table:
+    """The history view's columns, in metadata of its own: a view is never created with the
+    tables."""
+    return Table(
         f"{name}{HISTORY_SUFFIX}",
-        MetaData(schema=in_schema),  # a view: never created with the tables
+        metadata,
         SQLColumn("entity_key", Text),
-        *typed(),
+        *_typed(columns),
         SQLColumn("partition", Text),
         SQLColumn("run_id", String(200), comment="the run that opened it"),
         SQLColumn("valid_from", Timestamp, comment="start of its first window"),
@@ -207,15 +240,6 @@ def tables_for(
         SQLColumn("closed_by_run_id", String(200), comment="the run that ended it"),
         SQLColumn("payload_hash", String(64)),
         comment=f"dataset {dataset!r}: one row per entity per stretch of unchanged values",
-    )
-    return DatasetTables(
-        dataset=dataset,
-        columns=columns,
-        schema=in_schema,
-        current=current,
-        closed=closed,
-        changes=changes,
-        history=history,
     )
 
 
