@@ -51,10 +51,23 @@ parsers = { price = "number" }
 """
 
 
+def datasets_from(toml: str = DATASETS_TOML) -> Datasets:
+    """The datasets a test deployment reads from this datasets file's text."""
+    return parse_datasets(toml, source="tests")
+
+
+def write_datasets(folder: Path, toml: str = DATASETS_TOML, *, name: str = "datasets.toml") -> Path:
+    """Write a datasets file into ``folder`` for a process to read (``SCRAPESYNC_DATASETS``,
+    ``--datasets``); its path."""
+    path = folder / name
+    path.write_text(toml, encoding="utf-8")
+    return path
+
+
 @pytest.fixture
 def datasets() -> Datasets:
     """The test deployment's datasets file."""
-    return parse_datasets(DATASETS_TOML, source="tests")
+    return datasets_from(DATASETS_TOML)
 
 
 @pytest.fixture
@@ -219,8 +232,7 @@ def deployment_env(
     """The environment of a web or worker process of a test deployment."""
     from tests.conftest import REDIS_URL
 
-    datasets_file = tmp_path / "datasets.toml"
-    datasets_file.write_text(datasets_toml)
+    datasets_file = write_datasets(tmp_path, datasets_toml)
     return {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),
