@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from config.datasets import Datasets, parse_datasets
+from config.datasets import Datasets
 from sync.bootstrap import Services
 from tests.acceptance.flow import DATASETS_TOML, SECRET, wire_receiver
 from tests.fakes import Receiver
+from tests.harness import datasets_from
 
 
 @pytest.fixture
 def datasets() -> Datasets:
     """One run per scraping job (window = "job"), so consecutive jobs make consecutive runs."""
-    return parse_datasets(DATASETS_TOML, source="tests")
+    return datasets_from(DATASETS_TOML)
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from flask import Flask
 from rq.registry import FailedJobRegistry
 from sqlalchemy import select
 
-from config.datasets import parse_datasets
 from simulator import CloudState
 from simulator.records import generate_records
 from sync import bootstrap
@@ -26,7 +25,7 @@ from sync.models import OutboxEvent, PartitionVerdict, Run
 from sync.queue import RecordingDispatcher, RQDispatcher
 from sync.runs import evaluation, publication
 from tests.fakes import Receiver
-from tests.harness import drain, notify, products_sitemap
+from tests.harness import datasets_from, drain, notify, products_sitemap
 
 SECRET_ENV = "PRODUCTS_HOOK_SECRET"
 SECRET = "whsec_" + base64.b64encode(b"the receiver's shared signing key!").decode()
@@ -52,7 +51,7 @@ secret_env = "{SECRET_ENV}"
 
 def use_datasets(services: Services, text: str) -> Services:
     """The deployment switched to another datasets file (the worker jobs see it too)."""
-    switched = replace(services, datasets=parse_datasets(text, source="tests"))
+    switched = replace(services, datasets=datasets_from(text))
     bootstrap.use(switched)
     return switched
 

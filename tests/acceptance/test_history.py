@@ -9,7 +9,7 @@ import pytest
 from flask import Flask
 from sqlalchemy import select
 
-from config.datasets import Datasets, parse_datasets
+from config.datasets import Datasets
 from simulator import CloudState
 from sync.bootstrap import Services
 from sync.models import RunProfile
@@ -25,6 +25,7 @@ from tests.acceptance.flow import (
     use_datasets,
     verdict,
 )
+from tests.harness import datasets_from
 
 pytestmark = pytest.mark.redis
 
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.redis
 @pytest.fixture
 def datasets() -> Datasets:
     """Every test here runs on the history dataset."""
-    return parse_datasets(history_datasets(), source="tests")
+    return datasets_from(history_datasets())
 
 
 def test_each_accepted_run_leaves_its_profile_in_the_database(

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import pytest
 
-from config.datasets import Datasets, parse_datasets
+from config.datasets import Datasets
 from sync.bootstrap import Services
 from tests.acceptance.flow import SECRET, wire_receiver
 from tests.datasets.flow import typed_datasets
 from tests.fakes import Receiver
+from tests.harness import datasets_from
 
 
 @pytest.fixture
 def datasets() -> Datasets:
     """The products dataset with typed columns and a watch list."""
-    return parse_datasets(typed_datasets(), source="tests")
+    return datasets_from(typed_datasets())
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, update
 
 from config.columns import watch_by_column
-from config.datasets import Datasets, parse_datasets
+from config.datasets import Datasets
 from scrapesync.cli import main
 from sync.bootstrap import Services
 from sync.datasets import diff
@@ -30,6 +30,7 @@ from tests.datasets.published import (
     drop_tables,
     values,
 )
+from tests.harness import datasets_from
 
 pytestmark = pytest.mark.redis
 
@@ -37,7 +38,7 @@ pytestmark = pytest.mark.redis
 @pytest.fixture
 def datasets() -> Datasets:
     """Products with typed columns and watched price (1%) and title."""
-    return parse_datasets(DATASETS_TOML, source="tests")
+    return datasets_from(DATASETS_TOML)
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import Engine
 
-from config.datasets import Datasets, parse_datasets
+from config.datasets import Datasets
 from scrapesync.cli import main
 from sync.bootstrap import Services
 from tests.datasets.published import (
@@ -23,6 +23,7 @@ from tests.datasets.published import (
     drop_tables,
 )
 from tests.datasets.test_diff import feed
+from tests.harness import datasets_from
 from webhooks import create_app
 
 pytestmark = pytest.mark.redis
@@ -33,7 +34,7 @@ STATUS_TOKEN = "status-token-5a4b3c"
 @pytest.fixture
 def datasets() -> Datasets:
     """Products with typed columns and watched price (1%) and title."""
-    return parse_datasets(DATASETS_TOML, source="tests")
+    return datasets_from(DATASETS_TOML)
 
 
 @pytest.fixture

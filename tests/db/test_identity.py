@@ -6,7 +6,6 @@ from typing import Any
 
 import pytest
 
-from config.datasets import parse_datasets
 from sync.identity import (
     RecordIdentity,
     canonical_json,
@@ -17,8 +16,9 @@ from sync.identity import (
     payload_hash,
     payload_of,
 )
+from tests.harness import datasets_from
 
-DATASETS = parse_datasets(
+DATASETS = datasets_from(
     """
     [datasets.products]
     sitemap = "products"

@@ -11,12 +11,11 @@ import pytest
 from flask import Flask
 from sqlalchemy import select
 
-from config.datasets import parse_datasets
 from simulator import CloudState, generate_records
 from sync.bootstrap import Services
 from sync.ingest import repeat, tasks
 from sync.models import Observation
-from tests.harness import DATASETS_TOML, attempts_of, drain, notify, products_sitemap
+from tests.harness import DATASETS_TOML, attempts_of, datasets_from, drain, notify, products_sitemap
 
 pytestmark = pytest.mark.redis
 
@@ -156,7 +155,7 @@ def test_a_forced_repeat_under_a_changed_datasets_file_imports_in_full(
     (first,) = attempts_of(services, f"job-{job_id}")
     changed = DATASETS_TOML.replace('required = ["sku", "price"]', 'required = ["sku"]')
     assert changed != DATASETS_TOML
-    redefined = dataclasses.replace(services, datasets=parse_datasets(changed, source="tests"))
+    redefined = dataclasses.replace(services, datasets=datasets_from(changed))
     again = _forced(web, redefined, job_id)
     assert again.repeat_of is None
     assert again.export_digest not in (None, first.export_digest)  # no line known: all hashed

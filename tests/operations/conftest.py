@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import Engine, func, insert, literal, select, text
 from sqlalchemy.orm import Session
 
-from config.datasets import parse_datasets
 from sync.bootstrap import Services
 from sync.datasets.tables import DatasetTables, tables_for
 from sync.models import Observation, Publication, Run
+from tests.harness import datasets_from
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 FIRST_DAY = datetime(2026, 11, 1, tzinfo=UTC)
@@ -39,7 +39,7 @@ def kept(services: Services) -> Services:
     retain_windows), on a stopped clock."""
     return dataclasses.replace(
         services,
-        datasets=parse_datasets(RETENTION_TOML, source="tests"),
+        datasets=datasets_from(RETENTION_TOML),
         clock=lambda: NOW,
     )
 

@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from config.datasets import parse_datasets
 from scrapesync.cli import main
 from simulator import CloudState, serve
 from simulator import create_app as create_simulator
@@ -19,7 +18,7 @@ from sync.bootstrap import Services, worker_retry_policy
 from sync.cloud.client import CloudClient
 from sync.models import Launch, Run
 from sync.runs import launch
-from tests.harness import API_TOKEN, products_sitemap
+from tests.harness import API_TOKEN, datasets_from, products_sitemap
 
 WINDOW = "2026-12-02"
 RUN_ID = f"products-{WINDOW}"
@@ -230,8 +229,8 @@ def test_the_sitemap_comes_from_sitemap_id_or_is_found_by_name(
     other = cloud.add_sitemap("catalogue")
     by_id = dataclasses.replace(
         services,
-        datasets=parse_datasets(
-            f'[datasets.catalogue]\nsitemap_id = {other}\nentity_key = ["sku"]\n', source="t"
+        datasets=datasets_from(
+            f'[datasets.catalogue]\nsitemap_id = {other}\nentity_key = ["sku"]\n'
         ),
     )
     outcome = launch.launch(by_id, "catalogue", window=WINDOW)
@@ -242,9 +241,7 @@ def test_the_sitemap_comes_from_sitemap_id_or_is_found_by_name(
     assert [p for _, p in cloud.requests if p.endswith("/sitemaps")]
     missing = dataclasses.replace(
         services,
-        datasets=parse_datasets(
-            '[datasets.gone]\nsitemap = "nowhere"\nentity_key = ["sku"]\n', source="t"
-        ),
+        datasets=datasets_from('[datasets.gone]\nsitemap = "nowhere"\nentity_key = ["sku"]\n'),
     )
     with pytest.raises(launch.LaunchError, match="no sitemap named 'nowhere'"):
         launch.launch(missing, "gone", window=WINDOW)

@@ -11,7 +11,7 @@ import pytest
 from flask import Flask
 from prometheus_client.parser import text_string_to_metric_families
 
-from config.datasets import Datasets, parse_datasets
+from config.datasets import Datasets
 from config.settings import Settings
 from simulator import CloudState
 from sync import bootstrap, jobs
@@ -29,7 +29,7 @@ from tests.acceptance.flow import (
     wire_receiver,
 )
 from tests.fakes import Receiver
-from tests.harness import at_time, notify
+from tests.harness import at_time, datasets_from, notify
 from webhooks import create_app
 
 pytestmark = pytest.mark.redis
@@ -49,7 +49,7 @@ def guarded_app(services: Services) -> Flask:
 @pytest.fixture
 def datasets() -> Datasets:
     """The acceptance tests' dataset: one run per job, announced to a signed HTTP receiver."""
-    return parse_datasets(DATASETS_TOML, source="tests")
+    return datasets_from(DATASETS_TOML)
 
 
 @pytest.fixture

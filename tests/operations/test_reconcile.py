@@ -16,7 +16,6 @@ from click.testing import CliRunner
 from redis import Redis
 from sqlalchemy import func, select
 
-from config.datasets import parse_datasets
 from simulator import CloudState, generate_records
 from simulator import create_app as create_simulator
 from sync import bootstrap, jobs
@@ -37,7 +36,7 @@ from sync.operations import reconcile
 from sync.operations.reconcile import Wanted
 from sync.queue import RecordingDispatcher, RQDispatcher
 from sync.runs import evaluation
-from tests.harness import API_TOKEN, DATASETS_TOML, drain, notify, products_sitemap
+from tests.harness import API_TOKEN, DATASETS_TOML, datasets_from, drain, notify, products_sitemap
 
 pytestmark = pytest.mark.redis
 
@@ -343,7 +342,7 @@ def test_an_event_whose_delivery_was_lost_is_delivered_by_the_pass(
     folder = tmp_path / "drop"
     toml = DATASETS_TOML + f'\n[[datasets.products.destinations]]\npath = "{folder}"\n'
     with_files = dataclasses.replace(
-        services, datasets=parse_datasets(toml, source="t"), dispatcher=RecordingDispatcher()
+        services, datasets=datasets_from(toml), dispatcher=RecordingDispatcher()
     )
     bootstrap.use(with_files)
     job_id = _finished_job(cloud, n=6)

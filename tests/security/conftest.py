@@ -11,13 +11,13 @@ import pytest
 from redis import Redis
 from sqlalchemy import select
 
-from config.datasets import Datasets, parse_datasets
+from config.datasets import Datasets
 from simulator import CloudState
 from sync import bootstrap
 from sync.bootstrap import Services
 from sync.db import UnitOfWork
 from sync.models import Attempt, Launch, MaintenanceRun, SyncTask
-from tests.harness import API_TOKEN, DATASETS_TOML, WEBHOOK_TOKEN, wire
+from tests.harness import API_TOKEN, DATASETS_TOML, WEBHOOK_TOKEN, datasets_from, wire
 
 STATUS_TOKEN = "status-secret-77e1c9"
 SIGNING_SECRET = "sign/secret+with spaces&more"
@@ -74,7 +74,7 @@ def stored_text(services: Services) -> str:
 @pytest.fixture
 def secret_datasets() -> Datasets:
     """The test datasets file with a signed destination."""
-    return parse_datasets(DATASETS_TOML + DESTINATION_TOML, source="tests")
+    return datasets_from(DATASETS_TOML + DESTINATION_TOML)
 
 
 @pytest.fixture
