@@ -27,6 +27,7 @@ from tests.acceptance.flow import (
     use_datasets,
     verdict,
 )
+from tests.harness import write_datasets
 from webhooks import create_app
 
 pytestmark = pytest.mark.redis
@@ -71,8 +72,9 @@ def test_a_looser_datasets_file_shows_the_rejected_run_would_be_accepted_and_cha
     """max_record_drop_percent = 40: the 30% drop passes, the command says the run would be
     accepted, exits 0, and every table and the queue are exactly as they were."""
     run_id, accepted = rejected
-    looser = tmp_path / "looser.toml"
-    looser.write_text(history_datasets(quality="max_record_drop_percent = 40"))
+    looser = write_datasets(
+        tmp_path, history_datasets(quality="max_record_drop_percent = 40"), name="looser.toml"
+    )
     before, queued = snapshot(services), sorted(redis_conn.keys())
     result = CliRunner().invoke(main, ["check", run_id, "--datasets", str(looser)])
     assert result.exit_code == 0, result.output
@@ -113,8 +115,9 @@ def test_check_json_has_the_verdict_the_baseline_and_every_check(
 ) -> None:
     """--json: the current and the would-be state, the baseline's runs and each check."""
     run_id, accepted = rejected
-    looser = tmp_path / "looser.toml"
-    looser.write_text(history_datasets(quality="max_record_drop_percent = 40"))
+    looser = write_datasets(
+        tmp_path, history_datasets(quality="max_record_drop_percent = 40"), name="looser.toml"
+    )
     result = CliRunner().invoke(main, ["check", run_id, "--json", "--datasets", str(looser)])
     assert result.exit_code == 0, result.output
     values = json.loads(result.output)
@@ -137,8 +140,9 @@ def test_check_refuses_an_unknown_run_or_an_unreadable_datasets_file(
     missing = CliRunner().invoke(main, ["check", "x", "--datasets", str(tmp_path / "no.toml")])
     assert missing.exit_code == 2
     assert "not found" in missing.output
-    broken = tmp_path / "broken.toml"
-    broken.write_text(history_datasets(quality="max_record_drop = 40"))
+    broken = write_datasets(
+        tmp_path, history_datasets(quality="max_record_drop = 40"), name="broken.toml"
+    )
     refused = CliRunner().invoke(main, ["check", "x", "--datasets", str(broken)])
     assert refused.exit_code == 2
     assert "unknown keys ['max_record_drop']" in refused.output

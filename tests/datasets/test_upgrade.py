@@ -40,6 +40,7 @@ from tests.datasets.flow import (
     typed_datasets,
 )
 from tests.datasets.test_publication import collect
+from tests.harness import write_datasets
 
 EDITED = (
     TYPED.replace('title = "text"\n', "")
@@ -59,8 +60,7 @@ def test_db_upgrade_adds_a_column_filled_for_existing_rows_drops_one_and_rebuild
     collect(web, services, cloud, records)
     changed = [dict(r, price="1.00") if r["sku"] == "SKU-000001" else r for r in records]
     collect(web, services, cloud, changed)
-    datasets_file = tmp_path / "datasets.toml"
-    datasets_file.write_text(typed_datasets(columns=EDITED))
+    datasets_file = write_datasets(tmp_path, typed_datasets(columns=EDITED))
     result = CliRunner().invoke(
         main,
         ["db", "upgrade"],

@@ -16,7 +16,7 @@ from redis import Redis
 from simulator import CloudState, SimServer, serve
 from sync.cloud.budget import RedisApiBudget, account_key_for
 from tests.conftest import REDIS_URL
-from tests.harness import BIN
+from tests.harness import BIN, write_datasets
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
@@ -64,8 +64,7 @@ def doctor(
     tmp_path: Path, database_url: str, sim: SimServer, datasets: str, *args: str, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """Run ``scrapesync doctor`` as an operator does, in a deployment's environment."""
-    path = tmp_path / "datasets.toml"
-    path.write_text(datasets)
+    path = write_datasets(tmp_path, datasets)
     base = {
         "PATH": os.environ["PATH"],
         "HOME": str(tmp_path),

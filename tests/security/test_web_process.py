@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.harness import BIN, WEBHOOK_TOKEN
+from tests.harness import BIN, WEBHOOK_TOKEN, write_datasets
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis]
 
@@ -41,8 +41,9 @@ def web_process(database_url: str, tmp_path: Path) -> Iterator[tuple[int, Path]]
     port = _free_port()
     home = tmp_path / "home"
     home.mkdir()
-    datasets = tmp_path / "datasets.toml"
-    datasets.write_text('[datasets.products]\nsitemap = "products"\nentity_key = ["sku"]\n')
+    datasets = write_datasets(
+        tmp_path, '[datasets.products]\nsitemap = "products"\nentity_key = ["sku"]\n'
+    )
     env = {
         "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
         "HOME": str(home),
