@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -25,6 +26,7 @@ from urllib.parse import urlsplit
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from config.datasets import Dataset
 from sync import logs
 from sync.acceptance.facts import WAITING, Reason
 from sync.bootstrap import Services
@@ -140,6 +142,17 @@ def _check_urls(urls: Sequence[str]) -> list[str]:
     return list(urls)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """What a rerun of one run starts from, read in one transaction."""
+
+    dataset: Dataset
+    sitemap_id: int | None
+    unfinished: str | None  # an earlier rerun's batch whose create's fate is unknown
+    start_urls: list[str]
+    problems_missing: list[int]  # jobs with failed pages but no problematic URLs stored
+
+
 def rerun(
     services: Services,
     run_id: str,
@@ -156,12 +169,45 @@ def rerun(
     if sum([partition is not None, failed_pages, bool(urls)]) != 1:
         raise RerunError("choose exactly one of a partition, the failed pages or URLs")
     now = services.clock()
+    plan = _plan(services, run_id, partition=partition, failed_pages=failed_pages, urls=urls)
+    start_urls = plan.start_urls
+    if plan.unfinished is None and plan.problems_missing:
+        start_urls = [*start_urls, *_fetch_problems(services, plan.problems_missing)]
+    with services.cloud() as cloud:
+        if plan.sitemap_id is not None:
+            sitemap_id = int(plan.sitemap_id)
+        else:
+            sitemap_id, _ = resolve_sitemap(services, plan.dataset, cloud)
+        if plan.unfinished is not None:
+            log.info("rerun.resumed", extra={"run_id": run_id, "batch_id": plan.unfinished})
+            resumed = carry_out(services, cloud, plan.unfinished, sitemap_id=sitemap_id)
+            return _reopen(services, resumed)
+        start_urls = _check_urls(_unique(start_urls))
+        if not start_urls:
+            raise RerunError(f"run {run_id} has no failed, empty or no-value pages to rerun")
+        batch_id = _intend_batch(services, run_id, partition, start_urls, now=now)
+        log.info(
+            "rerun.intended",
+            extra={"run_id": run_id, "batch_id": batch_id, "start_urls": len(start_urls)},
+        )
+        return _reopen(services, carry_out(services, cloud, batch_id, sitemap_id=sitemap_id))
+
+
+def _plan(
+    services: Services,
+    run_id: str,
+    *,
+    partition: str | None,
+    failed_pages: bool,
+    urls: Sequence[str],
+) -> _Plan:
+    """The run's dataset and sitemap, and an unfinished rerun to resume or else the pages to
+    scrape again."""
     with services.uow.begin() as session:
         run = session.get(Run, run_id)
         if run is None:
             raise RerunError(f"no run {run_id!r} (see `scrapesync status`)")
         dataset = services.datasets.get(run.dataset)
-        sitemap = (run.sitemap_id, run.sitemap_name)
         unfinished = session.execute(
             select(Launch.batch_id)
             .where(Launch.run_id == run_id, Launch.kind == "rerun", Launch.state.in_(UNFINISHED))
@@ -172,70 +218,71 @@ def rerun(
         start_urls: list[str] = []
         if unfinished is None:
             if partition is not None:
-                verdict = session.execute(
-                    select(PartitionVerdict.state).where(
-                        PartitionVerdict.run_id == run_id, PartitionVerdict.partition == partition
-                    )
-                ).scalar_one_or_none()
-                if verdict == PASSED:
-                    raise RerunError(
-                        f"partition {partition!r} of run {run_id} was accepted; accepted "
-                        "partitions are left untouched (rerun a failed partition or --url)"
-                    )
-                start_urls = _partition_urls(session, run_id, partition)
-                if not start_urls:
-                    raise RerunError(
-                        f"run {run_id} has no start URLs for partition {partition!r} (none of "
-                        "its observations carries one); pass the pages with --url"
-                    )
+                start_urls = _partition_pages(session, run_id, partition)
             elif failed_pages:
                 start_urls, problems_missing = _stored_problems(session, run_id)
             else:
                 start_urls = list(urls)
-    if unfinished is None and problems_missing:
-        start_urls += _fetch_problems(services, problems_missing)
-    with services.cloud() as cloud:
-        if sitemap[0] is not None:
-            sitemap_id = int(sitemap[0])
-        else:
-            sitemap_id, _ = resolve_sitemap(services, dataset, cloud)
-        if unfinished is not None:
-            log.info("rerun.resumed", extra={"run_id": run_id, "batch_id": unfinished})
-            return _reopen(services, carry_out(services, cloud, unfinished, sitemap_id=sitemap_id))
-        start_urls = _check_urls(_unique(start_urls))
-        if not start_urls:
-            raise RerunError(f"run {run_id} has no failed, empty or no-value pages to rerun")
-        with services.uow.begin() as session:
-            run = session.get(Run, run_id)
-            assert run is not None
-            number = (
-                1
-                + session.execute(
-                    select(func.count())
-                    .select_from(Launch)
-                    .where(Launch.run_id == run_id, Launch.kind == "rerun")
-                ).scalar_one()
-            )
-            batch_id = f"{run_id}~r{number}"
-            intend(
-                session,
-                batch_id=batch_id,
-                run_id=run_id,
-                kind="rerun",
-                partition=partition,
-                start_urls=start_urls,
-                now=now,
-            )
-            launch = session.get(Launch, batch_id)
-            assert launch is not None
-            if launch.manifest is None:
-                launch.manifest = freeze_manifest(session, run, now=now)
-            session.commit()
-        log.info(
-            "rerun.intended",
-            extra={"run_id": run_id, "batch_id": batch_id, "start_urls": len(start_urls)},
+        return _Plan(dataset, run.sitemap_id, unfinished, start_urls, problems_missing)
+
+
+def _partition_pages(session: Session, run_id: str, partition: str) -> list[str]:
+    """The start URLs of a partition that did not pass; an accepted one is left untouched."""
+    verdict = session.execute(
+        select(PartitionVerdict.state).where(
+            PartitionVerdict.run_id == run_id, PartitionVerdict.partition == partition
         )
-        return _reopen(services, carry_out(services, cloud, batch_id, sitemap_id=sitemap_id))
+    ).scalar_one_or_none()
+    if verdict == PASSED:
+        raise RerunError(
+            f"partition {partition!r} of run {run_id} was accepted; accepted "
+            "partitions are left untouched (rerun a failed partition or --url)"
+        )
+    start_urls = _partition_urls(session, run_id, partition)
+    if not start_urls:
+        raise RerunError(
+            f"run {run_id} has no start URLs for partition {partition!r} (none of "
+            "its observations carries one); pass the pages with --url"
+        )
+    return start_urls
+
+
+def _intend_batch(
+    services: Services,
+    run_id: str,
+    partition: str | None,
+    start_urls: list[str],
+    *,
+    now: datetime,
+) -> str:
+    """Record the run's next recovery batch with the manifest of its accepted partitions."""
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        number = (
+            1
+            + session.execute(
+                select(func.count())
+                .select_from(Launch)
+                .where(Launch.run_id == run_id, Launch.kind == "rerun")
+            ).scalar_one()
+        )
+        batch_id = f"{run_id}~r{number}"
+        intend(
+            session,
+            batch_id=batch_id,
+            run_id=run_id,
+            kind="rerun",
+            partition=partition,
+            start_urls=start_urls,
+            now=now,
+        )
+        launch = session.get(Launch, batch_id)
+        assert launch is not None
+        if launch.manifest is None:
+            launch.manifest = freeze_manifest(session, run, now=now)
+        session.commit()
+    return batch_id
 
 
 def _reopen(services: Services, outcome: LaunchOutcome) -> LaunchOutcome:
