@@ -1,4 +1,5 @@
-"""Fixtures for the simulator's contract tests: a state on a fake clock, clients, a receiver."""
+"""Fixtures for the simulator's contract tests: a state on a fake clock, clients, and the
+receiver of its notifications."""
 
 from __future__ import annotations
 
@@ -23,21 +24,23 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def receiver() -> Receiver:
-    """A notification receiver that answers 200 unless told otherwise."""
+def notification_receiver() -> Receiver:
+    """Where the simulated Cloud posts its finished-job notifications (in a deployment,
+    scrapesync's webhook); answers 200 unless told otherwise."""
     return Receiver(status=200)
 
 
 @pytest.fixture
-def state(clock: FakeClock, receiver: Receiver) -> Iterator[CloudState]:
-    """A simulated account on the fake clock, notifying the receiver with tiny retry delays."""
+def state(clock: FakeClock, notification_receiver: Receiver) -> Iterator[CloudState]:
+    """A simulated account on the fake clock, posting its notifications to the notification
+    receiver with tiny retry delays."""
     sim = CloudState(
         api_token=TOKEN,
         clock=clock,
         notify_url="http://receiver/hook/secret",
         notify_delays=(0.05, 0.1),
         notify_timeout=2.0,
-        notify_transport=httpx.MockTransport(receiver),
+        notify_transport=httpx.MockTransport(notification_receiver),
     )
     yield sim
     sim.close()

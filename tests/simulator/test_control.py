@@ -24,7 +24,10 @@ def test_serve_exposes_urls_and_a_port(server: SimServer) -> None:
 
 
 def test_a_whole_job_can_be_driven_from_another_process(
-    control: httpx.Client, socket_client: httpx.Client, receiver: Receiver, state: CloudState
+    control: httpx.Client,
+    socket_client: httpx.Client,
+    notification_receiver: Receiver,
+    state: CloudState,
 ) -> None:
     """Sitemap, job, records, finish and state all work through /_sim/."""
     with control:
@@ -50,7 +53,7 @@ def test_a_whole_job_can_be_driven_from_another_process(
     assert summary["jobs"] == {str(job_id): "finished"}
     assert (summary["calls"], state.calls) == (0, 1)  # control calls are free
     assert [n["form"]["custom_id"] for n in summary["notifications_sent"]] == ["r1", "r1"]
-    assert len(receiver.arrivals) == 2
+    assert len(notification_receiver.arrivals) == 2
 
 
 def test_continue_and_page_faults_work_through_the_control_api(

@@ -12,13 +12,13 @@ from tests.fakes import Receiver
 
 
 def test_finishing_a_job_posts_cloud_form_fields(
-    state: CloudState, receiver: Receiver, make_job: Callable[..., int]
+    state: CloudState, notification_receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """The notification is a urlencoded form with the five Cloud fields, no token."""
     job_id = make_job(custom_id="run-9")
     state.run_job(job_id, n=3)
     assert state.wait_for_notifications()
-    assert [form for _, form in receiver.arrivals] == [
+    assert [form for _, form in notification_receiver.arrivals] == [
         {
             "scrapingjob_id": str(job_id),
             "status": "finished",
@@ -33,23 +33,23 @@ def test_finishing_a_job_posts_cloud_form_fields(
 
 
 def test_a_job_without_custom_id_sends_an_empty_one(
-    state: CloudState, receiver: Receiver, make_job: Callable[..., int]
+    state: CloudState, notification_receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """custom_id is always sent, empty when the job has none; failed jobs notify too."""
     state.run_job(make_job(), n=1, status="failed")
     assert state.wait_for_notifications()
-    form = receiver.arrivals[0][1]
+    form = notification_receiver.arrivals[0][1]
     assert (form["custom_id"], form["status"]) == ("", "failed")
 
 
 def test_a_failing_receiver_is_retried_after_each_delay(
-    state: CloudState, receiver: Receiver, make_job: Callable[..., int]
+    state: CloudState, notification_receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """Two failures are retried after delays[0] then delays[1]; the third attempt succeeds."""
-    receiver.plan = [500, 302]
+    notification_receiver.plan = [500, 302]
     state.run_job(make_job(), n=1)
     assert state.wait_for_notifications()
-    times = [at for at, _ in receiver.arrivals]
+    times = [at for at, _ in notification_receiver.arrivals]
     assert len(times) == 3
     assert times[1] - times[0] >= 0.045  # delays[0], less timer slack
     assert times[2] - times[1] >= 0.095  # delays[1]
@@ -58,26 +58,26 @@ def test_a_failing_receiver_is_retried_after_each_delay(
 
 
 def test_delivery_gives_up_after_three_attempts(
-    state: CloudState, receiver: Receiver, make_job: Callable[..., int]
+    state: CloudState, notification_receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """A receiver that always fails sees exactly three attempts."""
-    receiver.plan = [503] * 10
+    notification_receiver.plan = [503] * 10
     state.run_job(make_job(), n=1)
     assert state.wait_for_notifications()
-    assert len(receiver.arrivals) == 3
+    assert len(notification_receiver.arrivals) == 3
     assert [n["ok"] for n in state.notifications_sent] == [False, False, False]
 
 
 def test_a_late_acknowledgement_counts_as_a_failure(
-    state: CloudState, receiver: Receiver, make_job: Callable[..., int]
+    state: CloudState, notification_receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """A 2xx that arrives after notify_timeout is a timeout, so Cloud sends again."""
     state.notify_timeout = 0.05
-    receiver.delay = 0.08
+    notification_receiver.delay = 0.08
     state.notify_delays = (0.01, 0.01)
     state.run_job(make_job(), n=1)
     assert state.wait_for_notifications()
-    assert len(receiver.arrivals) == 3
+    assert len(notification_receiver.arrivals) == 3
     assert "timeout" in str(state.notifications_sent[0]["error"])
 
 
@@ -91,18 +91,20 @@ def test_an_unreachable_receiver_records_the_error() -> None:
 
 
 def test_notify_sends_duplicates_on_demand(
-    state: CloudState, receiver: Receiver, make_job: Callable[..., int]
+    state: CloudState, notification_receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """state.notify repeats a job's notification, as Cloud's at-least-once delivery may."""
     job_id = make_job()
     state.run_job(job_id, n=1)
     state.notify(job_id, times=2)
     assert state.wait_for_notifications()
-    assert [form["scrapingjob_id"] for _, form in receiver.arrivals] == [str(job_id)] * 3
+    assert [form["scrapingjob_id"] for _, form in notification_receiver.arrivals] == [
+        str(job_id)
+    ] * 3
 
 
 def test_continue_fires_a_fresh_notification_for_the_same_job(
-    state: CloudState, receiver: Receiver, make_job: Callable[..., int]
+    state: CloudState, notification_receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """Continue itself is silent; the rerun's end notifies again for the same job id."""
     job_id = make_job()
@@ -110,28 +112,28 @@ def test_continue_fires_a_fresh_notification_for_the_same_job(
     assert state.wait_for_notifications()
     state.continue_job(job_id, extra_records=[{"title": "late"}])
     assert state.wait_for_notifications()
-    assert len(receiver.arrivals) == 1
+    assert len(notification_receiver.arrivals) == 1
     state.finish_job(job_id)
     assert state.wait_for_notifications()
-    assert [(f["scrapingjob_id"], f["status"]) for _, f in receiver.arrivals] == [
+    assert [(f["scrapingjob_id"], f["status"]) for _, f in notification_receiver.arrivals] == [
         (str(job_id), "stopped"),
         (str(job_id), "finished"),
     ]
 
 
 def test_no_notify_url_means_no_notification(
-    state: CloudState, receiver: Receiver, make_job: Callable[..., int]
+    state: CloudState, notification_receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """With notify_url unset nothing is sent; setting it later takes effect at once."""
     state.notify_url = None
     job_id = make_job()
     state.run_job(job_id, n=1)
     assert state.wait_for_notifications()
-    assert receiver.arrivals == []
+    assert notification_receiver.arrivals == []
     state.notify_url = "http://receiver/hook/other"
     state.notify(job_id)
     assert state.wait_for_notifications()
-    assert len(receiver.arrivals) == 1
+    assert len(notification_receiver.arrivals) == 1
 
 
 def test_notifications_reach_a_receiver_over_a_real_socket() -> None:
@@ -148,10 +150,10 @@ def test_notifications_reach_a_receiver_over_a_real_socket() -> None:
 
 
 def test_wait_for_notifications_reports_a_timeout(
-    state: CloudState, receiver: Receiver, make_job: Callable[..., int]
+    state: CloudState, notification_receiver: Receiver, make_job: Callable[..., int]
 ) -> None:
     """wait_for_notifications returns False while deliveries are still retrying."""
-    receiver.plan = [500, 500]
+    notification_receiver.plan = [500, 500]
     state.notify_delays = (0.5, 0.5)
     state.run_job(make_job(), n=1)
     assert state.wait_for_notifications(timeout=0.05) is False
