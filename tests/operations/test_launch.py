@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from types import SimpleNamespace
 
 import httpx
@@ -12,7 +11,7 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from scrapesync.cli import main
-from simulator import CloudState, serve
+from simulator import CloudState, SimServer
 from simulator import create_app as create_simulator
 from sync.bootstrap import Services, worker_retry_policy
 from sync.cloud.client import CloudClient
@@ -52,13 +51,6 @@ def _on_loopback(services: Services, url: str, *, timeout: float) -> Services:
         )
 
     return dataclasses.replace(services, cloud=cloud)
-
-
-@pytest.fixture
-def loopback(cloud: CloudState) -> Iterator[str]:
-    """The simulated Cloud served on 127.0.0.1; yields its API URL."""
-    with serve(cloud) as server:
-        yield server.api_url
 
 
 def test_launch_creates_the_run_and_one_job_that_carries_the_run_id(
@@ -108,11 +100,11 @@ def test_start_urls_given_at_launch_go_to_that_job_only(
 
 @pytest.mark.slow
 def test_a_create_that_times_out_after_cloud_made_the_job_leaves_exactly_one_job(
-    services: Services, cloud: CloudState, loopback: str
+    services: Services, cloud: CloudState, sim: SimServer
 ) -> None:
     """Cloud creates the job but answers too late: the launch finds that job, never a second."""
     cloud.inject_fault("create_then_slow", seconds=1.5)
-    slow = _on_loopback(services, loopback, timeout=0.3)
+    slow = _on_loopback(services, sim.api_url, timeout=0.3)
     outcome = launch.launch(slow, "products", window=WINDOW)
     (job_id,) = _jobs_for(cloud, RUN_ID)
     assert (outcome.state, outcome.job_id, outcome.found_existing) == ("created", job_id, True)
