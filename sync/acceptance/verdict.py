@@ -69,26 +69,12 @@ def judge(
     failed = [p for p in partitions if not p.passed]
     counted_names = _counted_partitions(partitions, dataset.policy)
     counted = sum(p.records for p in partitions if p.partition in counted_names)
-    drop = (
-        record_drop_check(
-            counted, baseline.records_of(counted_names), quality, runs=len(baseline.runs)
-        )
-        if baseline is not None
-        else None
-    )
+    drop = _record_drop(counted, counted_names, baseline, quality)
     cloud = cloud_quality_reasons(jobs, quality)
     waiting = [r for r in cloud if is_waiting(r)]
-    run_reasons = [
-        *job_status_reasons(jobs),
-        *page_counter_reasons(jobs, quality),
-        *[r for r in cloud if not is_waiting(r)],
-        *entity_key_reasons(imports, quality),
-        *invalid_record_reasons(imports, quality),
-        *duplicate_reasons(imports, quality),
-        *record_count_reasons(counted, None, quality),
-        *([drop.reason] if drop is not None and drop.reason is not None else []),
-        *[c.reason for c in against.run_checks if c.reason is not None],
-    ]
+    run_reasons = _run_reasons(
+        jobs, imports, quality, cloud=cloud, counted=counted, drop=drop, checks=against.run_checks
+    )
     state = _state(dataset.policy, run_reasons, failed, partitions, waiting)
     every_failure = [*run_reasons, *(r for p in partitions for r in p.reasons)]
     checks = [
@@ -111,6 +97,41 @@ def judge(
         baseline=baseline,
         checks=tuple(checks),
     )
+
+
+def _record_drop(
+    counted: int, counted_names: Sequence[str], baseline: Baseline | None, quality: Quality
+) -> Check | None:
+    """The counted records against the same partitions' records in the baseline, if any."""
+    if baseline is None:
+        return None
+    return record_drop_check(
+        counted, baseline.records_of(counted_names), quality, runs=len(baseline.runs)
+    )
+
+
+def _run_reasons(
+    jobs: Sequence[JobFacts],
+    imports: ImportFacts,
+    quality: Quality,
+    *,
+    cloud: Sequence[Reason],
+    counted: int,
+    drop: Check | None,
+    checks: Sequence[Check],
+) -> list[Reason]:
+    """Every reason the run as a whole fails, in a stable order; what it waits for is not one."""
+    return [
+        *job_status_reasons(jobs),
+        *page_counter_reasons(jobs, quality),
+        *[r for r in cloud if not is_waiting(r)],
+        *entity_key_reasons(imports, quality),
+        *invalid_record_reasons(imports, quality),
+        *duplicate_reasons(imports, quality),
+        *record_count_reasons(counted, None, quality),
+        *([drop.reason] if drop is not None and drop.reason is not None else []),
+        *[c.reason for c in checks if c.reason is not None],
+    ]
 
 
 @dataclass(frozen=True, slots=True)
