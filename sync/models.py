@@ -116,6 +116,9 @@ class Run(Base):
     state: Mapped[str] = mapped_column(String(20), default=RunState.COLLECTING)
     reasons: Mapped[list[Any]] = mapped_column(ScrubbedPayload, default=list)
     revision: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # counted up by each committed import of the run; the version its last verdict judged
+    data_version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
+    evaluated_version: Mapped[int | None] = mapped_column(Integer)
     evaluated_at: Mapped[datetime | None]
     accepted_at: Mapped[datetime | None]
     published_at: Mapped[datetime | None]

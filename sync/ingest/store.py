@@ -372,6 +372,25 @@ def commit_task(session: Session, lease: Lease, *, run_id: str | None, now: date
     return str(row.state)
 
 
+def count_import(session: Session, run_id: str) -> int:
+    """Count up the run's data version for an import committed into it; the new version (what
+    an evaluation of this change is named after)."""
+    return int(
+        session.execute(
+            update(Run)
+            .where(Run.run_id == run_id)
+            .values(data_version=Run.data_version + 1)
+            .returning(Run.data_version)
+        ).scalar_one()
+    )
+
+
+def evaluation_suffix(data_version: int) -> str:
+    """The suffix of the evaluation job for a run's data version: one job per change, so the
+    evaluation a sync queues and the one a sweep queues for the same change coalesce."""
+    return f"v{data_version}"
+
+
 def settle_task(
     session: Session,
     lease: Lease,

@@ -357,6 +357,7 @@ def _import(
             counts = stager.merge(source, now=now)
         services.killpoints.reached("mid-upsert")
         state = store.commit_task(session, lease, run_id=target.run_id, now=now)
+        version = store.count_import(session, target.run_id)
         if fingerprint is not None:
             _record_fingerprint(session, lease, fingerprint)
         store.finish_attempt(
@@ -385,9 +386,7 @@ def _import(
     if state == TaskState.PENDING:
         _enqueue(services, lease.task_key)
     else:  # the run's data changed: judge it (a lost job is found again by the maintenance sweep)
-        services.dispatcher.evaluation(
-            target.run_id, suffix=f"{lease.task_key}-g{lease.generation}"
-        )
+        services.dispatcher.evaluation(target.run_id, suffix=store.evaluation_suffix(version))
     return SyncResult(
         lease.task_key,
         AttemptOutcome.COMMITTED,

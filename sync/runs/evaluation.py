@@ -16,6 +16,12 @@ state, another set of passing partitions, or observations rewritten since the la
 event ids are derived from run id, event type and revision, so evaluating twice never announces
 one change twice. On PostgreSQL the transaction runs at REPEATABLE READ, so a sync or another
 evaluation that commits in between makes this one retry instead of marking rows it never read.
+
+One evaluation per change: each committed import of a run counts up its ``data_version``, and a
+verdict records the version it judged (``evaluated_version``). A run is due for evaluation when
+its syncs have all committed and its data changed since its verdict; an evaluation asked for
+otherwise leaves at once, unless forced (the operator's own re-judgement). At most one
+evaluation of a run runs at a time (an advisory lock); another leaves as ``busy``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from sync.acceptance.verdict import judge, waiting_for_tasks
 from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
 from sync.datasets import schema
+from sync.ingest.store import evaluation_suffix
 from sync.models import (
     Launch,
     Observation,
@@ -78,14 +85,28 @@ class Evaluation:
 # --- the use case -------------------------------------------------------------------------------
 
 
-def evaluate_run(services: Services, run_id: str) -> Evaluation:
+def evaluate_run(services: Services, run_id: str, *, force: bool = False) -> Evaluation:
     """Judge a run and write its verdict, publication and outbox events in one transaction. At
-    most one evaluation of a run runs at a time: another one leaves at once, as ``busy``."""
+    most one evaluation of a run runs at a time: another one leaves at once, as ``busy``; one
+    that finds the run's data judged as it stands leaves as ``unchanged`` unless ``force``."""
     with _alone(services, run_id) as alone:
         if not alone:
             log.info("evaluation.busy", extra={"run_id": run_id})
             return Evaluation(run_id, "busy", None)
+        if not force:
+            judged = _already_judged(services, run_id)
+            if judged is not None:
+                return judged
         return _evaluate(services, run_id)
+
+
+def _already_judged(services: Services, run_id: str) -> Evaluation | None:
+    """The run's verdict, when it was given on the data the run holds now."""
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        if run is None or run.state not in DECIDED or run.evaluated_version != run.data_version:
+            return None
+        return Evaluation(run_id, "unchanged", run.state, run.revision, reasons=tuple(run.reasons))
 
 
 @contextmanager
@@ -300,6 +321,7 @@ def _apply(
     _mark_observations(session, run.run_id, judgement)
     run.reasons = [r.as_dict() for r in judgement.reasons]
     run.evaluated_at = now
+    run.evaluated_version = run.data_version  # read in this transaction's snapshot
     events: list[str] = []
     if changed:
         run.revision += 1
@@ -451,9 +473,9 @@ def _mark_observations(session: Session, run_id: str, judgement: Judgement) -> N
 
 
 def runs_due_for_evaluation(session: Session, *, limit: int | None = 500) -> list[str]:
-    """Runs whose every sync has committed, with a commit newer than their last verdict (or no
+    """Runs whose every sync has committed, with data newer than their last verdict (or no
     verdict yet): the sweep queues them, reconcile judges them. Candidates waiting for Cloud's
-    data-quality result keep their old verdict time, so they stay due until Cloud answers.
+    data-quality result record no judged version, so they stay due until Cloud answers.
 
     A run's syncs are those that committed into it plus those of its created launches; a
     launch still being created, or one whose job has not reported back, holds the run open
@@ -463,7 +485,6 @@ def runs_due_for_evaluation(session: Session, *, limit: int | None = 500) -> lis
     per_run = (
         select(
             t.run_id,
-            func.max(t.updated_at).label("latest"),
             func.sum(case((t.state != TaskState.COMMITTED, 1), else_=0)).label("open"),
         )
         .where(t.run_id.is_not(None))
@@ -476,7 +497,7 @@ def runs_due_for_evaluation(session: Session, *, limit: int | None = 500) -> lis
             .join(per_run, per_run.c.run_id == Run.run_id)
             .where(
                 per_run.c.open == 0,
-                or_(Run.evaluated_at.is_(None), per_run.c.latest > Run.evaluated_at),
+                or_(Run.evaluated_version.is_(None), Run.data_version > Run.evaluated_version),
             )
         ).scalars()
     )
@@ -501,9 +522,14 @@ def runs_due_for_evaluation(session: Session, *, limit: int | None = 500) -> lis
 
 
 def redrive(services: Services) -> int:
-    """Queue an evaluation of every run that is due for one; returns how many were queued."""
-    now = services.clock()
-    bucket = int(now.timestamp() // services.settings.sweep_interval)
+    """Queue an evaluation of every run that is due for one; returns how many were queued. The
+    job is named after the data version, so it coalesces with the one its sync queued."""
     with services.uow.begin() as session:
         due = runs_due_for_evaluation(session)
-    return sum(bool(services.dispatcher.evaluation(run_id, suffix=f"s{bucket}")) for run_id in due)
+        versions = dict(
+            session.execute(select(Run.run_id, Run.data_version).where(Run.run_id.in_(due))).all()
+        )
+    return sum(
+        bool(services.dispatcher.evaluation(run_id, suffix=evaluation_suffix(versions[run_id])))
+        for run_id in due
+    )

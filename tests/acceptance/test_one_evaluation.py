@@ -6,15 +6,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from flask import Flask
 from sqlalchemy import text
 
 from simulator import CloudState
 from sync.bootstrap import Services
 from sync.ingest import store, tasks
 from sync.models import Run
-from sync.queue import RecordingDispatcher
-from sync.runs import evaluation
-from tests.acceptance.flow import finished_job, product_records, run_id_of
+from sync.queue import RecordingDispatcher, RQDispatcher
+from sync.runs import evaluation, evidence
+from tests.acceptance.flow import finished_job, product_records, run_id_of, verdict
+from tests.harness import DrainWorker, drain, notify
 
 
 def _synced_offline(services: Services, cloud: CloudState) -> str:
@@ -51,3 +53,63 @@ def test_an_evaluation_that_finds_another_under_way_leaves_at_once_and_writes_no
     judged = evaluation.evaluate_run(offline, run_id)
     assert judged.outcome == "published"
     assert evaluation.evaluate_run(offline, run_id).outcome == "unchanged"
+
+
+def _evaluation_jobs(services: Services) -> list[str]:
+    """The evaluation jobs waiting on the queue."""
+    dispatcher = services.dispatcher
+    assert isinstance(dispatcher, RQDispatcher)
+    return [j for j in dispatcher.queue.job_ids if j.startswith("evaluate-")]
+
+
+@pytest.mark.redis
+def test_a_sync_and_a_sweep_ask_for_one_evaluation_and_a_judged_run_is_not_asked_again(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """The evaluation a committed sync queues and the one the sweep queues for the same change
+    are one job; once it ran, sweeps queue nothing until the run's data changes again (Cloud's
+    "Continue"), and then exactly one more."""
+    job_id = finished_job(cloud, product_records(40))
+    notify(web, job_id)
+    dispatcher = services.dispatcher
+    assert isinstance(dispatcher, RQDispatcher)
+    worker = DrainWorker(
+        [dispatcher.queue], connection=dispatcher.redis, serializer=dispatcher.queue.serializer
+    )
+    worker.work(burst=True, max_jobs=1)  # the sync only: it queues its evaluation
+    assert len(_evaluation_jobs(services)) == 1
+    assert evaluation.redrive(services) == 0  # the same change: the waiting job serves
+    assert len(_evaluation_jobs(services)) == 1
+    drain(services)
+    assert verdict(services, run_id_of(job_id)).state == "published"
+    for _ in range(3):
+        assert evaluation.redrive(services) == 0
+    assert _evaluation_jobs(services) == []
+
+    cloud.continue_job(job_id, extra_records=product_records(5, start=900))
+    cloud.run_job(job_id)
+    notify(web, job_id)
+    worker.work(burst=True, max_jobs=1)
+    assert len(_evaluation_jobs(services)) == 1
+    assert evaluation.redrive(services) == 0
+    drain(services)
+    judged = verdict(services, run_id_of(job_id))
+    assert (judged.state, judged.revision) == ("published", 2)
+    assert evaluation.redrive(services) == 0
+
+
+def test_an_evaluation_of_a_run_judged_as_it_stands_reads_nothing_unless_forced(
+    services: Services, cloud: CloudState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Asked again with nothing new, an evaluation answers from the stored verdict without
+    reading the run's observations; the operator's forced re-judgement reads them."""
+    run_id = _synced_offline(services, cloud)
+    offline = replace(services, dispatcher=RecordingDispatcher())
+    assert evaluation.evaluate_run(offline, run_id).outcome == "published"
+    tallies: list[str] = []
+    real = evidence.tally
+    monkeypatch.setattr(evidence, "tally", lambda s, r, d: tallies.append(r) or real(s, r, d))
+    again = evaluation.evaluate_run(offline, run_id)
+    assert (again.outcome, again.state, tallies) == ("unchanged", "published", [])
+    forced = evaluation.evaluate_run(offline, run_id, force=True)
+    assert (forced.outcome, tallies) == ("unchanged", [run_id])

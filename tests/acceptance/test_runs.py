@@ -505,8 +505,9 @@ def test_a_lost_evaluation_is_found_by_the_maintenance_sweep(
 def test_concurrent_evaluations_of_one_run_announce_it_once(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
-    """Four workers evaluate the same run at the same moment: one revision, one pair of
-    events; the others see the change and retry into "unchanged"."""
+    """Four workers evaluate the same run at the same moment: one judges it (one revision, one
+    set of events); the others leave at once, finding it under way ("busy") or judged
+    ("unchanged"), and none does the work again."""
     job_id = finished_job(cloud, product_records(400))
     offline = replace(services, dispatcher=RecordingDispatcher())
     with services.uow.begin() as session:
@@ -525,7 +526,9 @@ def test_concurrent_evaluations_of_one_run_announce_it_once(
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(outcomes) == ["published", "unchanged", "unchanged", "unchanged"]
+    assert outcomes.count("published") == 1
+    assert set(outcomes) - {"published"} <= {"busy", "unchanged"}
+    assert len(outcomes) == 4
     assert verdict(services, run_id_of(job_id)).revision == 1
     assert events_of(services) == [
         (run_id_of(job_id), "run.accepted"),
