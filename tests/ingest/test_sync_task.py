@@ -16,7 +16,7 @@ from sqlalchemy import Engine, func, select, text
 from simulator import CloudState
 from sync.bootstrap import Services
 from sync.identity import observation_key
-from sync.ingest import failures, staging, store, sweeper, tasks
+from sync.ingest import early_merge, failures, store, sweeper, tasks
 from sync.ingest.line_digests import LineDigests
 from sync.models import MaintenanceRun, Observation, Run
 from sync.queue import RQDispatcher
@@ -352,15 +352,15 @@ def test_a_later_sync_cut_mid_stream_undoes_what_it_merged_and_the_retry_complet
     o = Observation.__table__.c
     with services.uow.begin() as session:
         before = session.execute(select(o.observation_key, o.payload_hash)).all()
-    monkeypatch.setattr(staging, "MERGE_BATCH", 20)
+    monkeypatch.setattr(early_merge, "MERGE_BATCH", 20)
     sent: list[int] = []
-    real_send = staging._EarlyMerge.send
+    real_send = early_merge.EarlyMerge.send
 
-    def counted(self: staging._EarlyMerge, rows: list[Any], payloads: list[str]) -> None:
+    def counted(self: early_merge.EarlyMerge, rows: list[Any], payloads: list[str]) -> None:
         sent.append(len(rows))
         real_send(self, rows, payloads)
 
-    monkeypatch.setattr(staging._EarlyMerge, "send", counted)
+    monkeypatch.setattr(early_merge.EarlyMerge, "send", counted)
     # The whole export is smaller than what the sync reads ahead while the run's digests are
     # read, so a download cut before they came would be cut before any batch was merged: the
     # digests are read first, and every line reaches the early merge as it downloads.
