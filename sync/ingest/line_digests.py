@@ -29,19 +29,17 @@ other rules than the row's (a changed datasets file, or a row written by a versi
 digest in another form: those rows keep their digest until their payload next changes, and their
 lines are parsed meanwhile).
 
-The stored digests are read once. A run of up to :data:`DICT_ROWS` rows keeps them in a dict (about
-120 bytes a row, 30 MiB at most), read in whatever order PostgreSQL finds them: a lookup is one hash
-probe (0.1 us a line at 100,000 rows). A larger run keeps them sorted by PostgreSQL in two arrays of
-64-bit halves: 16 bytes per row, about 16 MiB for a million, where a dict would take 120 MiB. Which
-way is told by reading up to one more digest than a dict takes, concatenated into one value (4 MiB
-at most): a run found larger is read again, sorted, without ever holding a dict. Digests are
+The stored digests are read once. A run of up to :data:`DICT_ROWS` rows keeps them in a dict, read
+in whatever order PostgreSQL finds them: a lookup is one hash probe. A larger run keeps them sorted
+by PostgreSQL in two arrays of 64-bit halves: 16 bytes per row, a fraction of what a dict takes.
+Which way is told by reading up to one more digest than a dict takes, concatenated into one value
+(4 MiB at most): a run found larger is read again, sorted, without ever holding a dict. Digests are
 uniform, so the first bits of a digest say where it lies: a table of where each leading-bits value
 starts (one entry per four rows, a byte per row) leaves a search among a few rows instead of the
-whole run (0.6 us a line at 100,000 rows). Either way the stager adds 4 bytes per row for the order
-of the last line that had each.
+whole run. Either way the stager adds 4 bytes per row for the order of the last line that had each.
 
 A sync reads them beside its download (:meth:`LineDigests.reading`): a thread asks PostgreSQL on a
-connection of its own (its scan of the run takes about 45 ms at 100,000 rows) while the sync reads
+connection of its own (so that its scan of the run overlaps the download) while the sync reads
 up to :data:`AHEAD_BYTES` of the export ahead and digests those lines (no further once the run turns
 out too large for a dict: its sorted read takes long, and the memory would count); the first lookup
 waits for the digests, and what stopped their reading is raised there. A snapshot taken a moment

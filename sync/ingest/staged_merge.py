@@ -126,7 +126,7 @@ def send_payloads(
     temporary table has no statistics, and a planner that guesses its size picks joins that
     cost more than the whole merge. Only the key the writes join on is analysed (with the row
     count, which ANALYZE always takes): the payloads' statistics, which no plan uses, took
-    three quarters of its time.
+    most of its time.
 
     ``known_line`` (the order of the known line that named a stored digest, 0 when none did):
     the same join also brings the stored rows of the other staged keys, and None, with nothing
@@ -211,7 +211,7 @@ def write_changes(
 
     One join counts what is new and what changed (keys first: ``todo``, counted as the
     payloads were sent); a plain UPDATE of the changed keys and a plain INSERT of the new ones,
-    each run only when needed, cost about half of one INSERT ... ON CONFLICT. When every staged
+    each run only when needed, cost less than one INSERT ... ON CONFLICT. When every staged
     key was new (a run's first sync), the INSERT takes them all without looking each one up
     again. If another sync inserted one of the new keys meanwhile, the INSERT fails on the
     unique key: it is undone to its savepoint and the upsert, which takes such rows as they are
