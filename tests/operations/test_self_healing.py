@@ -25,6 +25,7 @@ from sync.db import UnitOfWork
 from sync.operations import heartbeat, maintenance
 from sync.queue import RQDispatcher, sync_job_id
 from tests.harness import (
+    at_time,
     attempts_of,
     drain,
     notify,
@@ -287,3 +288,23 @@ def _queue_of(redis: Redis) -> list[str]:
 def _beats(loop: maintenance.MaintenanceLoop, uow: UnitOfWork) -> tuple[int, object]:
     with uow.begin() as session:
         return loop.passes, heartbeat.last(session)
+
+
+def test_status_can_tell_when_the_last_pass_ran_what_it_did_and_when_it_is_late(
+    services: Services,
+) -> None:
+    """The last pass's heartbeat carries its time, counts and failed steps; a pass that has not
+    come round for three sweep intervals is late, and so is one that never ran."""
+    with services.uow.begin() as session:
+        assert heartbeat.latest(session) is None
+    moment = services.clock()
+    heartbeat.beat(at_time(services, moment - timedelta(minutes=5)), summary={"due": 9})
+    heartbeat.beat(at_time(services, moment), summary={"due": 2, "failed": ["sweep"]})
+    with services.uow.begin() as session:
+        beat = heartbeat.latest(session)
+    assert beat is not None
+    assert (beat.finished_at, beat.summary["due"], beat.failed) == (moment, 2, ["sweep"])
+    interval = 30.0
+    assert not heartbeat.late(beat, now=moment + timedelta(seconds=90), interval=interval)
+    assert heartbeat.late(beat, now=moment + timedelta(seconds=91), interval=interval)
+    assert heartbeat.late(None, now=moment, interval=interval)
