@@ -110,86 +110,22 @@ def write_export(
     field)."""
     if fmt not in FORMATS:
         raise ExportError(f"format must be one of {FORMATS}, got {fmt!r}")
-    current = session.execute(
-        select(Publication.run_id).where(Publication.dataset == dataset, Publication.is_current)
-    ).scalar_one_or_none()
-    if run_id is None:
-        if current is None:
-            raise ExportError(f"dataset {dataset!r} has no published run yet")
-        run_id = current
-    run = session.get(Run, run_id)
-    if run is None or run.dataset != dataset:
-        raise ExportError(f"dataset {dataset!r} has no run {run_id!r}")
-    if run.state not in EXPORTABLE:
-        raise ExportError(
-            f"run {run_id!r} of dataset {dataset!r} is {run.state}: only accepted runs are exported"
-        )
-    stem = file_stem(dataset, run_id, run.revision)
-    if out.is_dir() or not out.suffix:
-        path = out / f"{stem}.{fmt}"
-        manifest_path = out / f"{stem}.manifest.json"
-    else:
-        path = out
-        manifest_path = out.with_name(f"{out.stem}.manifest.json")
-    partitions: dict[str, int] = {}
-    failures: dict[str, int] = {}
-    digest = hashlib.sha256()
+    target = _exported_run(session, dataset, run_id)
+    run_id, run = target.run_id, target.run
+    path, manifest_path = _paths(out, file_stem(dataset, run_id, run.revision), fmt)
     total = _valid_count(session, run_id) if on_progress is not None else 0
     columns = columns_of(session, dataset, declared, lambda: _fields(session, run_id))
-
-    def rows() -> Iterator[dict[str, Any]]:
-        written = 0
-        for entity_key, partition, payload, payload_hash in _valid_rows(session, run_id):
-            name = partition if partition is not None else NO_PARTITION
-            partitions[name] = partitions.get(name, 0) + 1
-            digest.update(payload_hash.encode())
-            values, failed = cast_record(columns, payload)
-            for failure in failed:
-                failures[failure.column] = failures.get(failure.column, 0) + 1
-            yield {"entity_key": entity_key, **values}
-            written += 1
-            if on_progress is not None and written % PROGRESS_EVERY == 0:
-                on_progress(written, total)
-        if on_progress is not None:
-            on_progress(written, total)
-
+    rows = _Rows(session, run_id, columns, on_progress=on_progress, total=total)
     try:
         header = ["entity_key", *(c.name for c in columns)]
         if fmt == "jsonl":
-            _write_file(path, lambda handle: _write_jsonl(handle, rows()))
+            _write_file(path, lambda handle: _write_jsonl(handle, iter(rows)))
         else:
-            _write_file(path, lambda handle: _write_csv(handle, header, rows()))
+            _write_file(path, lambda handle: _write_csv(handle, header, iter(rows)))
         file_hash, size = _file_sha256(path)
-        records = sum(partitions.values())
-        quarantined = sorted(
-            session.execute(
-                select(PartitionVerdict.partition).where(
-                    PartitionVerdict.run_id == run_id,
-                    PartitionVerdict.state == PartitionState.QUARANTINED,
-                )
-            ).scalars()
+        manifest = _manifest(
+            session, target, rows, columns, fmt=fmt, path=path, file=(file_hash, size), now=now
         )
-        manifest = {
-            "dataset": dataset,
-            "run_id": run_id,
-            "collection_window": run.collection_window,
-            "revision": run.revision,
-            "state": run.state,
-            "is_published": current == run_id,
-            "format": fmt,
-            "file": path.name,
-            "records": records,
-            "partitions": dict(sorted(partitions.items())),
-            "quarantined_partitions": quarantined,
-            "sha256": file_hash,
-            "bytes": size,
-            "records_sha256": digest.hexdigest(),
-            "columns": [{"name": c.name, "field": c.field, "type": c.type} for c in columns],
-            "cast_failures": dict(sorted(failures.items())),
-            "accepted_at": run.accepted_at.isoformat() if run.accepted_at else None,
-            "published_at": run.published_at.isoformat() if run.published_at else None,
-            "generated_at": now.isoformat(),
-        }
         write_atomically(
             manifest_path, (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode()
         )
@@ -204,10 +140,133 @@ def write_export(
         format=fmt,
         path=path,
         manifest_path=manifest_path,
-        records=records,
+        records=rows.records,
         sha256=file_hash,
-        partitions=dict(sorted(partitions.items())),
+        partitions=dict(sorted(rows.partitions.items())),
     )
+
+
+@dataclass(frozen=True)
+class _Target:
+    """The run an export writes, and whether it is its dataset's published run."""
+
+    dataset: str
+    run_id: str
+    run: Run
+    published: bool
+
+
+def _exported_run(session: Session, dataset: str, run_id: str | None) -> _Target:
+    """The run to export: ``run_id``, else the published one; only an accepted run of this
+    dataset is exported."""
+    current = session.execute(
+        select(Publication.run_id).where(Publication.dataset == dataset, Publication.is_current)
+    ).scalar_one_or_none()
+    if run_id is None:
+        if current is None:
+            raise ExportError(f"dataset {dataset!r} has no published run yet")
+        run_id = current
+    run = session.get(Run, run_id)
+    if run is None or run.dataset != dataset:
+        raise ExportError(f"dataset {dataset!r} has no run {run_id!r}")
+    if run.state not in EXPORTABLE:
+        raise ExportError(
+            f"run {run_id!r} of dataset {dataset!r} is {run.state}: only accepted runs are exported"
+        )
+    return _Target(dataset, run_id, run, published=current == run_id)
+
+
+def _paths(out: Path, stem: str, fmt: str) -> tuple[Path, Path]:
+    """The export's file and its manifest: versioned names in a folder, or beside a named file."""
+    if out.is_dir() or not out.suffix:
+        return out / f"{stem}.{fmt}", out / f"{stem}.manifest.json"
+    return out, out.with_name(f"{out.stem}.manifest.json")
+
+
+class _Rows:
+    """The run's exportable rows in the dataset's columns, counted while they are written:
+    records per partition, cast failures per column, a digest over their payload hashes."""
+
+    def __init__(
+        self,
+        session: Session,
+        run_id: str,
+        columns: tuple[Column, ...],
+        *,
+        on_progress: Callable[[int, int], None] | None,
+        total: int,
+    ) -> None:
+        self.session, self.run_id, self.columns = session, run_id, columns
+        self.on_progress, self.total = on_progress, total
+        self.partitions: dict[str, int] = {}
+        self.failures: dict[str, int] = {}
+        self.digest = hashlib.sha256()
+
+    @property
+    def records(self) -> int:
+        """Rows written so far."""
+        return sum(self.partitions.values())
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """Each row as ``entity_key`` then the typed columns, reporting progress as it goes."""
+        written = 0
+        for entity_key, partition, payload, payload_hash in _valid_rows(self.session, self.run_id):
+            name = partition if partition is not None else NO_PARTITION
+            self.partitions[name] = self.partitions.get(name, 0) + 1
+            self.digest.update(payload_hash.encode())
+            values, failed = cast_record(self.columns, payload)
+            for failure in failed:
+                self.failures[failure.column] = self.failures.get(failure.column, 0) + 1
+            yield {"entity_key": entity_key, **values}
+            written += 1
+            if self.on_progress is not None and written % PROGRESS_EVERY == 0:
+                self.on_progress(written, self.total)
+        if self.on_progress is not None:
+            self.on_progress(written, self.total)
+
+
+def _manifest(
+    session: Session,
+    target: _Target,
+    rows: _Rows,
+    columns: tuple[Column, ...],
+    *,
+    fmt: str,
+    path: Path,
+    file: tuple[str, int],
+    now: datetime,
+) -> dict[str, Any]:
+    """What an export holds, beside it: run, revision, counts, hashes and times."""
+    run = target.run
+    quarantined = sorted(
+        session.execute(
+            select(PartitionVerdict.partition).where(
+                PartitionVerdict.run_id == target.run_id,
+                PartitionVerdict.state == PartitionState.QUARANTINED,
+            )
+        ).scalars()
+    )
+    return {
+        "dataset": target.dataset,
+        "run_id": target.run_id,
+        "collection_window": run.collection_window,
+        "revision": run.revision,
+        "state": run.state,
+        "is_published": target.published,
+        "format": fmt,
+        "file": path.name,
+        "records": rows.records,
+        "partitions": dict(sorted(rows.partitions.items())),
+        "quarantined_partitions": quarantined,
+        "sha256": file[0],
+        "bytes": file[1],
+        "records_sha256": rows.digest.hexdigest(),
+        "columns": [{"name": c.name, "field": c.field, "type": c.type} for c in columns],
+        "cast_failures": dict(sorted(rows.failures.items())),
+        "accepted_at": run.accepted_at.isoformat() if run.accepted_at else None,
+        "published_at": run.published_at.isoformat() if run.published_at else None,
+        "generated_at": now.isoformat(),
+    }
 
 
 def _valid_rows(session: Session, run_id: str) -> Iterator[tuple[str, str | None, Any, str]]:
