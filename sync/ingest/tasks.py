@@ -22,9 +22,9 @@ when it provably would (see :mod:`sync.ingest.repeat`).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -37,8 +37,7 @@ from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.cloud.errors import CloudError
 from sync.cloud.jobs import CloudJob
-from sync.identity import RecordIdentity
-from sync.ingest import records, repeat, staging, store
+from sync.ingest import job_export, staging, store
 from sync.ingest.failures import (
     PERMANENT,
     JobNotFinishedError,
@@ -47,7 +46,6 @@ from sync.ingest.failures import (
     failure_message,
     throttled_in_a_row,
 )
-from sync.ingest.line_digests import LineDigests
 from sync.ingest.staging import UpsertCounts
 from sync.ingest.store import Lease, StaleLeaseError
 from sync.ingest.targets import Target, resolve_target
@@ -263,9 +261,50 @@ def _import(
     """Download the export and merge it into observations, or, when it is byte for byte what
     the task last imported (``repeat_of_same_job``: Cloud reports the job as it was), commit
     that import's outcome (see :mod:`sync.ingest.repeat`)."""
-    dataset = target.dataset
-    settings = services.settings
-    heartbeat_every = timedelta(seconds=settings.lease_seconds / 3)
+    tick = _ticker(services, lease)
+    with services.uow.begin() as session:
+        found = job_export.read_export(
+            services,
+            session,
+            cloud,
+            lease,
+            job,
+            target,
+            tick,
+            repeat_of_same_job=repeat_of_same_job,
+        )
+        now = services.clock()
+        _save_run_and_job(session, job, target, now=now)
+        imported = found.merge(now) if isinstance(found, job_export.Staged) else found
+        services.killpoints.reached("mid-upsert")
+        state = store.commit_task(session, lease, run_id=target.run_id, now=now)
+        version = store.count_import(session, target.run_id)
+        if fingerprint is not None:
+            _record_fingerprint(session, lease, fingerprint)
+        _finish_import(session, lease, job, target, imported, now=now)
+        session.commit()
+    services.killpoints.reached("after-commit")
+    if state == TaskState.PENDING:
+        _enqueue(services, lease.task_key)
+    else:  # the run's data changed: judge it (a lost job is found again by the maintenance sweep)
+        services.dispatcher.evaluation(target.run_id, suffix=store.evaluation_suffix(version))
+    read = imported.read
+    return SyncResult(
+        lease.task_key,
+        AttemptOutcome.COMMITTED,
+        state,
+        run_id=target.run_id,
+        counts=imported.counts,
+        records_read=read.read,
+        missing_key=read.missing_key,
+        invalid=imported.invalid_count,
+    )
+
+
+def _ticker(services: Services, lease: Lease) -> Callable[[int], None]:
+    """What the download tells of its progress (lines read): it keeps the lease alive, and
+    passes the mid-download kill point."""
+    heartbeat_every = timedelta(seconds=services.settings.lease_seconds / 3)
     postgres = services.uow.dialect == "postgresql"
     last_beat = services.clock()
 
@@ -276,126 +315,57 @@ def _import(
         if postgres and services.clock() - last_beat >= heartbeat_every:
             last_beat = _heartbeat(services, lease)
 
-    rules = repeat.read_rules(
-        dataset,
+    return tick
+
+
+def _save_run_and_job(session: Session, job: CloudJob, target: Target, *, now: datetime) -> None:
+    """Make sure the run exists, and keep the scraping job's row as Cloud describes the job
+    (before the merge: observations name their run)."""
+    store.ensure_run(
+        session,
         run_id=target.run_id,
+        dataset=target.dataset.name,
         window=target.window,
-        frozen=target.frozen_partitions,
-        max_record_bytes=settings.max_record_bytes,
-        max_line_bytes=settings.max_record_line_bytes,
+        sitemap_id=job.sitemap_id,
+        sitemap_name=job.sitemap_name,
+        now=now,
     )
-    with services.uow.begin() as session:
-        digest = repeat.ExportDigest(rules)
-        last = repeat.last_import(session, lease.task_key) if repeat_of_same_job else None
-        verdict: repeat.Verdict = "again"
-        if last is not None:
-            verdict, blocks = repeat.compare(
-                cloud.export_blocks(job.id, tap=digest),
-                digest,
-                last,
-                tick,
-                vouch=functools.partial(repeat.still_stored, session, last, target.run_id),
-            )
-        if verdict == "again":
-            digest = repeat.ExportDigest(rules)
-            blocks = cloud.export_blocks(job.id, tap=digest)
-        if verdict == "same" and last is not None:
-            counts, origin = repeat.repeated(last), last.origin
-            read = records.ExportRead(last.records_read, last.missing_key, last.protected)
-            invalid_count, invalid_detail = last.invalid_records, last.invalid_detail
-        else:
-            source = staging.Source(
-                dataset=dataset.name,
-                run_id=target.run_id,
-                window=target.window,
-                job_id=job.id,
-                attempt_id=lease.attempt_id,
-                now=services.clock(),
-            )
-            keys_first = staging.stages_keys_first(session, target.run_id)
-            known = LineDigests(rules)  # every line is parsed, and digested to be stored, but:
-            if keys_first and not target.frozen_partitions:
-                # lines a row of the run was written from are known unchanged without parsing
-                # (a recovery batch, which sets frozen partitions' records aside, reads all);
-                # the run's digests are read while the stager is made
-                known = LineDigests.reading(
-                    services.uow.engine, rules, target.run_id, first_known=digest.stop
-                )
-            stager = staging.ObservationStager(
-                session, run_id=target.run_id, source=source, keys_first=keys_first
-            )
-            try:  # whatever fails, the copy or merge it began is cancelled before the rollback
-                stager.know(known)
-                read = records.stage_export(
-                    stager,
-                    cloud.iter_export(job.id, known.ahead(blocks), known=known.marks),
-                    RecordIdentity(dataset, target.window),
-                    frozen=target.frozen_partitions,
-                    max_record_bytes=settings.max_record_bytes,
-                    tick=tick,
-                    lines=known,
-                )
-            except BaseException as exc:
-                stager.abort(exc)
-                raise
-            origin = None
-            invalid_count, invalid_detail = read.invalid.count, read.invalid.as_detail()
-        now = services.clock()
-        store.ensure_run(
-            session,
-            run_id=target.run_id,
-            dataset=dataset.name,
-            window=target.window,
-            sitemap_id=job.sitemap_id,
-            sitemap_name=job.sitemap_name,
-            now=now,
-        )
-        store.save_scraping_job(
-            session, job, run_id=target.run_id, recovery_batch=target.recovery_batch, now=now
-        )
-        if origin is None:
-            counts = stager.merge(source, now=now)
-        services.killpoints.reached("mid-upsert")
-        state = store.commit_task(session, lease, run_id=target.run_id, now=now)
-        version = store.count_import(session, target.run_id)
-        if fingerprint is not None:
-            _record_fingerprint(session, lease, fingerprint)
-        store.finish_attempt(
-            session,
-            lease.attempt_id,
-            now=now,
-            outcome=AttemptOutcome.COMMITTED,
-            cloud_status=job.status,
-            recovery_batch=target.recovery_batch,
-            records_read=read.read,
-            inserted=counts.inserted,
-            updated=counts.updated,
-            unchanged=counts.unchanged,
-            missing_key=read.missing_key,
-            protected=read.protected,
-            duplicate_keys=counts.duplicate_keys,
-            conflicting_duplicates=counts.conflicting_duplicates,
-            invalid_records=invalid_count,
-            invalid_detail=invalid_detail,
-            export_digest=digest.recorded(),
-            export_prefix=digest.prefix(),
-            repeat_of=origin,
-        )
-        session.commit()
-    services.killpoints.reached("after-commit")
-    if state == TaskState.PENDING:
-        _enqueue(services, lease.task_key)
-    else:  # the run's data changed: judge it (a lost job is found again by the maintenance sweep)
-        services.dispatcher.evaluation(target.run_id, suffix=store.evaluation_suffix(version))
-    return SyncResult(
-        lease.task_key,
-        AttemptOutcome.COMMITTED,
-        state,
-        run_id=target.run_id,
-        counts=counts,
+    store.save_scraping_job(
+        session, job, run_id=target.run_id, recovery_batch=target.recovery_batch, now=now
+    )
+
+
+def _finish_import(
+    session: Session,
+    lease: Lease,
+    job: CloudJob,
+    target: Target,
+    imported: job_export.Imported,
+    *,
+    now: datetime,
+) -> None:
+    """Record the attempt committed, with what its import read and wrote."""
+    read, counts, digest = imported.read, imported.counts, imported.digest
+    store.finish_attempt(
+        session,
+        lease.attempt_id,
+        now=now,
+        outcome=AttemptOutcome.COMMITTED,
+        cloud_status=job.status,
+        recovery_batch=target.recovery_batch,
         records_read=read.read,
+        inserted=counts.inserted,
+        updated=counts.updated,
+        unchanged=counts.unchanged,
         missing_key=read.missing_key,
-        invalid=invalid_count,
+        protected=read.protected,
+        duplicate_keys=counts.duplicate_keys,
+        conflicting_duplicates=counts.conflicting_duplicates,
+        invalid_records=imported.invalid_count,
+        invalid_detail=imported.invalid_detail,
+        export_digest=digest.recorded(),
+        export_prefix=digest.prefix(),
+        repeat_of=imported.origin,
     )
 
 

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, func, select, text
 from simulator import CloudState
 from sync.bootstrap import Services
 from sync.identity import observation_key
-from sync.ingest import early_merge, failures, store, sweeper, tasks
+from sync.ingest import early_merge, failures, job_export, store, sweeper, tasks
 from sync.ingest.line_digests import LineDigests
 from sync.models import MaintenanceRun, Observation, Run
 from sync.queue import RQDispatcher
@@ -364,7 +364,7 @@ def test_a_later_sync_cut_mid_stream_undoes_what_it_merged_and_the_retry_complet
     # The whole export is smaller than what the sync reads ahead while the run's digests are
     # read, so a download cut before they came would be cut before any batch was merged: the
     # digests are read first, and every line reaches the early merge as it downloads.
-    monkeypatch.setattr(tasks, "LineDigests", _DigestsReadFirst)
+    monkeypatch.setattr(job_export, "LineDigests", _DigestsReadFirst)
 
     def nothing_kept() -> bool:
         assert len(sent) >= 2  # batches had gone in before the cut
@@ -402,7 +402,7 @@ def test_a_failure_after_the_writes_began_and_before_a_line_was_read_fails_the_a
         def __init__(self, rules: str) -> None:
             raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr(tasks, "LineDigests", Unavailable)
+    monkeypatch.setattr(job_export, "LineDigests", Unavailable)
     failed: list[BaseException] = []
 
     def attempt() -> None:
