@@ -22,8 +22,6 @@ when it provably would (see :mod:`sync.ingest.repeat`).
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,7 +35,7 @@ from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.cloud.errors import CloudError
 from sync.cloud.jobs import CloudJob
-from sync.ingest import job_export, staging, store
+from sync.ingest import job_changes, job_export, staging, store
 from sync.ingest.failures import (
     PERMANENT,
     JobNotFinishedError,
@@ -69,23 +67,6 @@ class SyncResult:
     missing_key: int = 0
     invalid: int = 0
     error: str | None = None
-
-
-def job_fingerprint(job: CloudJob, run_id: str) -> str:
-    """What a sync of ``job`` into ``run_id`` depends on, as Cloud reports it: a job whose
-    fingerprint is unchanged since its last committed sync has nothing new to download."""
-    facts = [
-        run_id,
-        job.status,
-        job.jobs_scheduled,
-        job.jobs_executed,
-        job.jobs_failed,
-        job.jobs_empty,
-        job.jobs_no_value,
-        job.stored_record_count,
-        job.scraping_duration,
-    ]
-    return hashlib.sha256(json.dumps(facts).encode()).hexdigest()
 
 
 def _check_job(services: Services, lease: Lease, job: CloudJob) -> None:
@@ -134,8 +115,9 @@ def run_sync(services: Services, task_key: str, *, force: bool = False) -> SyncR
                     f"scraping job {job.id} is {job.status!r}; its data is not final yet",
                     run_id=target.run_id,
                 )
-            fingerprint = job_fingerprint(job, target.run_id)
-            same_job = fingerprint == _synced_fingerprint(services, task_key)
+            fingerprint = job_changes.job_fingerprint(job, target.run_id)
+            synced = _synced_fingerprint(services, task_key)
+            same_job = not job_changes.changed_since(job, synced, run_id=target.run_id)
             if not force and same_job:
                 result = _commit_unchanged(services, lease, job, target, fingerprint)
             else:

@@ -32,7 +32,7 @@ from sync.bootstrap import Services
 from sync.cloud.errors import ApiBudgetExhaustedError, CloudError, CloudRateLimitedError
 from sync.cloud.jobs import CloudJob
 from sync.delivery import relay
-from sync.ingest import intake, store, sweeper
+from sync.ingest import intake, job_changes, store, sweeper
 from sync.models import Launch, MaintenanceRun, Run, SyncTask
 from sync.models import ScrapingJob as JobRow
 from sync.retry import backoff
@@ -43,15 +43,6 @@ log = logs.get("reconcile")
 
 DEFAULT_SINCE = timedelta(days=7)
 IN_FLIGHT = (TaskState.PENDING, TaskState.LEASED, TaskState.RETRY_WAIT)
-COUNTERS = (
-    "status",
-    "jobs_scheduled",
-    "jobs_executed",
-    "jobs_failed",
-    "jobs_empty",
-    "jobs_no_value",
-    "stored_record_count",
-)
 CHUNK = 500
 WORKER_MAX_WAIT = 60.0  # a worker's pass stops early rather than outwait its RQ job timeout
 
@@ -333,7 +324,7 @@ def _check_one(
         else:
             report.needs_attention.append(job.id)
         return
-    if any(row[name] != getattr(job, name) for name in COUNTERS):
+    if job_changes.changed_since(job, row):
         report.wanted.append(Wanted(job.id, "changed since"))
     else:
         report.unchanged += 1
