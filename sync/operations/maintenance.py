@@ -32,7 +32,7 @@ from sync.delivery import relay
 from sync.ingest import sweeper
 from sync.operations import heartbeat, retention
 from sync.operations import reconcile as reconciliation
-from sync.runs import evaluation
+from sync.runs import due
 
 log = logs.get("maintenance")
 
@@ -76,7 +76,7 @@ def _sweep(services: Services) -> dict[str, int]:
 
 STEPS: tuple[tuple[str, Callable[[Services], dict[str, int] | int | bool]], ...] = (
     ("sweep", _sweep),
-    ("evaluations", evaluation.redrive),
+    ("evaluations", due.redrive),
     ("deliveries_due", relay.redrive),
     ("reconcile_queued", reconciliation.schedule),
     # retention last: what is due is queued before anything is deleted, and each table is its

@@ -36,7 +36,7 @@ from sync.ingest import intake, job_changes, store, sweeper
 from sync.models import Launch, MaintenanceRun, Run, SyncTask
 from sync.models import ScrapingJob as JobRow
 from sync.retry import backoff
-from sync.runs import evaluation
+from sync.runs import due, evaluation
 from sync.states import LaunchState, TaskState
 
 log = logs.get("reconcile")
@@ -173,7 +173,7 @@ def reconcile(
             report.tasks_due = len(store.due_tasks(session, now=services.clock()))
         report.launches_linked = [b for b, _ in _unlinked(services, in_range)]
     with services.uow.begin() as session:
-        candidates = evaluation.runs_due_for_evaluation(session, limit=None)
+        candidates = due.runs_due_for_evaluation(session, limit=None)
     if dry_run:
         report.runs_evaluated = candidates
         with services.uow.begin() as session:

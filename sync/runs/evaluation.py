@@ -33,7 +33,7 @@ from datetime import datetime
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import case, delete, func, or_, select, text, update
+from sqlalchemy import delete, or_, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
@@ -44,18 +44,15 @@ from sync.acceptance.verdict import judge, waiting_for_tasks
 from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
 from sync.datasets import schema
-from sync.ingest.store import evaluation_suffix
 from sync.models import (
-    Launch,
     Observation,
     PartitionVerdict,
     Run,
     RunProfile,
     ScrapingJob,
-    SyncTask,
 )
 from sync.runs import evidence, publication
-from sync.states import LaunchState, PartitionState, RunState, TaskState, ValidationState
+from sync.states import PartitionState, RunState, ValidationState
 
 log = logs.get("runs")
 
@@ -65,7 +62,7 @@ PROBLEMATIC_URL_LIMIT = 500
 CONFLICT_RETRIES = 5
 # a serialization failure, a deadlock, a lock not granted in time (a column being added)
 _RETRYABLE_SQLSTATES = ("40001", "40P01", "55P03")
-_CHUNK = 500  # run ids per IN (...) list, well under any driver's parameter limit
+
 _LOCK_SPACE = 0x5C5E  # the advisory locks' first key: scrapesync's evaluations
 _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:space, hashtext(:run))")
 
@@ -467,69 +464,3 @@ def _mark_observations(session: Session, run_id: str, judgement: Judgement) -> N
             .values(validation_state=state)
             .execution_options(synchronize_session=False)
         )
-
-
-# --- finding and queueing the runs due for evaluation ------------------------------------------
-
-
-def runs_due_for_evaluation(session: Session, *, limit: int | None = 500) -> list[str]:
-    """Runs whose every sync has committed, with data newer than their last verdict (or no
-    verdict yet): the sweep queues them, reconcile judges them. Candidates waiting for Cloud's
-    data-quality result record no judged version, so they stay due until Cloud answers.
-
-    A run's syncs are those that committed into it plus those of its created launches; a
-    launch still being created, or one whose job has not reported back, holds the run open
-    (its own commit queues the evaluation).
-    """
-    t = SyncTask.__table__.c
-    per_run = (
-        select(
-            t.run_id,
-            func.sum(case((t.state != TaskState.COMMITTED, 1), else_=0)).label("open"),
-        )
-        .where(t.run_id.is_not(None))
-        .group_by(t.run_id)
-        .subquery()
-    )
-    candidates = list(
-        session.execute(
-            select(Run.run_id)
-            .join(per_run, per_run.c.run_id == Run.run_id)
-            .where(
-                per_run.c.open == 0,
-                or_(Run.evaluated_version.is_(None), Run.data_version > Run.evaluated_version),
-            )
-        ).scalars()
-    )
-    held: set[str] = set()
-    for start in range(0, len(candidates), _CHUNK):
-        held.update(
-            session.execute(
-                select(Launch.run_id)
-                .outerjoin(SyncTask, SyncTask.job_id == Launch.job_id)
-                .where(
-                    Launch.run_id.in_(candidates[start : start + _CHUNK]),
-                    Launch.state != LaunchState.FAILED,
-                    or_(
-                        Launch.state != LaunchState.CREATED,
-                        SyncTask.state.is_(None),
-                        SyncTask.state != TaskState.COMMITTED,
-                    ),
-                )
-            ).scalars()
-        )
-    return sorted(set(candidates) - held)[:limit]
-
-
-def redrive(services: Services) -> int:
-    """Queue an evaluation of every run that is due for one; returns how many were queued. The
-    job is named after the data version, so it coalesces with the one its sync queued."""
-    with services.uow.begin() as session:
-        due = runs_due_for_evaluation(session)
-        versions = dict(
-            session.execute(select(Run.run_id, Run.data_version).where(Run.run_id.in_(due))).all()
-        )
-    return sum(
-        bool(services.dispatcher.evaluation(run_id, suffix=evaluation_suffix(versions[run_id])))
-        for run_id in due
-    )

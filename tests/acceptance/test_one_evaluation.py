@@ -14,7 +14,7 @@ from sync.bootstrap import Services
 from sync.ingest import store, tasks
 from sync.models import Run
 from sync.queue import RecordingDispatcher, RQDispatcher
-from sync.runs import evaluation, evidence
+from sync.runs import due, evaluation, evidence
 from tests.acceptance.flow import finished_job, product_records, run_id_of, verdict
 from tests.harness import DrainWorker, drain, notify
 
@@ -78,12 +78,12 @@ def test_a_sync_and_a_sweep_ask_for_one_evaluation_and_a_judged_run_is_not_asked
     )
     worker.work(burst=True, max_jobs=1)  # the sync only: it queues its evaluation
     assert len(_evaluation_jobs(services)) == 1
-    assert evaluation.redrive(services) == 0  # the same change: the waiting job serves
+    assert due.redrive(services) == 0  # the same change: the waiting job serves
     assert len(_evaluation_jobs(services)) == 1
     drain(services)
     assert verdict(services, run_id_of(job_id)).state == "published"
     for _ in range(3):
-        assert evaluation.redrive(services) == 0
+        assert due.redrive(services) == 0
     assert _evaluation_jobs(services) == []
 
     cloud.continue_job(job_id, extra_records=product_records(5, start=900))
@@ -91,11 +91,11 @@ def test_a_sync_and_a_sweep_ask_for_one_evaluation_and_a_judged_run_is_not_asked
     notify(web, job_id)
     worker.work(burst=True, max_jobs=1)
     assert len(_evaluation_jobs(services)) == 1
-    assert evaluation.redrive(services) == 0
+    assert due.redrive(services) == 0
     drain(services)
     judged = verdict(services, run_id_of(job_id))
     assert (judged.state, judged.revision) == ("published", 2)
-    assert evaluation.redrive(services) == 0
+    assert due.redrive(services) == 0
 
 
 def test_an_evaluation_of_a_run_judged_as_it_stands_reads_nothing_unless_forced(

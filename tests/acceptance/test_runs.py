@@ -20,7 +20,7 @@ from sync.ingest import store, tasks
 from sync.models import Launch, Observation, OutboxEvent, Publication, Run
 from sync.operations import status
 from sync.queue import RecordingDispatcher
-from sync.runs import evaluation
+from sync.runs import due, evaluation
 from tests.acceptance.flow import (
     DATASETS_TOML,
     Receiver,
@@ -472,12 +472,12 @@ def test_a_run_waits_for_clouds_quality_result_and_the_sweep_retries_it(
     assert "503" in found.reasons[0]["message"]
     cloud.clear_faults()
     with services.uow.begin() as session:
-        assert evaluation.runs_due_for_evaluation(session) == [run_id_of(job_id)]
+        assert due.runs_due_for_evaluation(session) == [run_id_of(job_id)]
     assert jobs.maintain()["evaluations"] == 1
     settle(services)
     assert verdict(services, run_id_of(job_id)).state == "published"
     with services.uow.begin() as session:
-        assert evaluation.runs_due_for_evaluation(session) == []
+        assert due.runs_due_for_evaluation(session) == []
 
 
 def test_a_lost_evaluation_is_found_by_the_maintenance_sweep(
@@ -495,10 +495,10 @@ def test_a_lost_evaluation_is_found_by_the_maintenance_sweep(
     assert [call[0] for call in recorder.calls] == ["sync.jobs.evaluate_run"]
     with services.uow.begin() as session:
         assert session.get(Run, run_id_of(job_id)).state == "collecting"  # type: ignore[union-attr]
-    assert evaluation.redrive(services) == 1
+    assert due.redrive(services) == 1
     settle(services)
     assert verdict(services, run_id_of(job_id)).state == "published"
-    assert evaluation.redrive(services) == 0
+    assert due.redrive(services) == 0
 
 
 @pytest.mark.postgres

@@ -35,7 +35,7 @@ from sync.models import (
 from sync.operations import reconcile
 from sync.operations.reconcile import Wanted
 from sync.queue import RecordingDispatcher, RQDispatcher
-from sync.runs import evaluation
+from sync.runs import due
 from tests.harness import API_TOKEN, DATASETS_TOML, datasets_from, drain, notify, products_sitemap
 
 pytestmark = pytest.mark.redis
@@ -82,7 +82,7 @@ def _observations(services: Services) -> int:
 def _due(services: Services) -> list[str]:
     """The runs due for evaluation, the list a pass judges."""
     with services.uow.begin() as session:
-        return evaluation.runs_due_for_evaluation(session)
+        return due.runs_due_for_evaluation(session)
 
 
 def test_a_job_whose_notifications_were_all_lost_is_found_and_a_second_pass_does_nothing(
