@@ -35,7 +35,7 @@ from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.cloud.errors import CloudError
 from sync.cloud.jobs import CloudJob
-from sync.ingest import job_changes, job_export, staging, store
+from sync.ingest import job_changes, job_export, run_rows, staging, store
 from sync.ingest.failures import (
     PERMANENT,
     JobNotFinishedError,
@@ -260,7 +260,7 @@ def _import(
         imported = found.merge(now) if isinstance(found, job_export.Staged) else found
         services.killpoints.reached("mid-upsert")
         state = store.commit_task(session, lease, run_id=target.run_id, now=now)
-        version = store.count_import(session, target.run_id)
+        version = run_rows.count_import(session, target.run_id)
         if fingerprint is not None:
             _record_fingerprint(session, lease, fingerprint)
         _finish_import(session, lease, job, target, imported, now=now)
@@ -269,7 +269,7 @@ def _import(
     if state == TaskState.PENDING:
         _enqueue(services, lease.task_key)
     else:  # the run's data changed: judge it (a lost job is found again by the maintenance sweep)
-        services.dispatcher.evaluation(target.run_id, suffix=store.evaluation_suffix(version))
+        services.dispatcher.evaluation(target.run_id, suffix=run_rows.evaluation_suffix(version))
     read = imported.read
     return SyncResult(
         lease.task_key,
@@ -303,7 +303,7 @@ def _ticker(services: Services, lease: Lease) -> Callable[[int], None]:
 def _save_run_and_job(session: Session, job: CloudJob, target: Target, *, now: datetime) -> None:
     """Make sure the run exists, and keep the scraping job's row as Cloud describes the job
     (before the merge: observations name their run)."""
-    store.ensure_run(
+    run_rows.ensure_run(
         session,
         run_id=target.run_id,
         dataset=target.dataset.name,
@@ -312,7 +312,7 @@ def _save_run_and_job(session: Session, job: CloudJob, target: Target, *, now: d
         sitemap_name=job.sitemap_name,
         now=now,
     )
-    store.save_scraping_job(
+    run_rows.save_scraping_job(
         session, job, run_id=target.run_id, recovery_batch=target.recovery_batch, now=now
     )
 

@@ -12,7 +12,7 @@ from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
 from sync.bootstrap import Services
-from sync.ingest.store import evaluation_suffix
+from sync.ingest.run_rows import evaluation_suffix
 from sync.models import Launch, Run, SyncTask
 from sync.states import LaunchState, TaskState
 

@@ -41,7 +41,7 @@ from sync.cloud.errors import (
 )
 from sync.cloud.jobs import CloudJob
 from sync.db import insert
-from sync.ingest import store
+from sync.ingest import run_rows
 from sync.models import Launch, Run
 from sync.states import LaunchState
 
@@ -155,7 +155,7 @@ def launch(
         else:
             sitemap_id, sitemap_name = resolve_sitemap(services, dataset, cloud)
         with services.uow.begin() as session:
-            store.ensure_run(
+            run_rows.ensure_run(
                 session,
                 run_id=run_id,
                 dataset=dataset.name,

@@ -16,7 +16,7 @@ from simulator import CloudState
 from sync import jobs
 from sync.bootstrap import Services
 from sync.datasets import export
-from sync.ingest import store, tasks
+from sync.ingest import run_rows, store, tasks
 from sync.models import Launch, Observation, OutboxEvent, Publication, Run
 from sync.operations import status
 from sync.queue import RecordingDispatcher
@@ -368,7 +368,7 @@ def test_a_late_run_of_an_earlier_window_never_takes_the_pointer(
     today, yesterday = "products-2026-12-02", "products-2026-12-01"
     for run_id in (today, yesterday):
         with services.uow.begin() as session:
-            store.ensure_run(
+            run_rows.ensure_run(
                 session,
                 run_id=run_id,
                 dataset="products",
@@ -395,7 +395,7 @@ def test_a_run_waiting_for_one_of_its_jobs_stays_a_candidate(
     names the task it waits for; once it commits the run is accepted."""
     run_id = "products-2026-12-01"
     with services.uow.begin() as session:
-        store.ensure_run(
+        run_rows.ensure_run(
             session,
             run_id=run_id,
             dataset="products",
@@ -437,7 +437,7 @@ def test_a_run_with_nothing_synced_or_a_launch_in_flight_is_not_judged(
     candidate that says what it waits for, never a rejection for having no records."""
     run_id = "products-2026-12-02"
     with services.uow.begin() as session:
-        store.ensure_run(
+        run_rows.ensure_run(
             session,
             run_id=run_id,
             dataset="products",
