@@ -325,6 +325,7 @@ class Figures:
     attempts_by_outcome: dict[str, int]
     last_reconcile: LastReconcile | None
     last_maintenance_at: datetime | None
+    last_maintenance: heartbeat.Beat | None
 
     @property
     def outbox_backlog(self) -> int:
@@ -365,6 +366,7 @@ def figures(session: Session, now: datetime) -> Figures:
         attempts_by_outcome=_grouped(session, Attempt.outcome),
         last_reconcile=_latest_reconcile(session),
         last_maintenance_at=heartbeat.last(session),
+        last_maintenance=heartbeat.latest(session),
     )
 
 
@@ -440,6 +442,17 @@ def _last_reconcile(shown: Figures) -> dict[str, Any] | None:
     }
 
 
+def _maintenance(shown: Figures, interval: float) -> dict[str, Any]:
+    """The last maintenance pass: when, whether it is late, and the steps that failed."""
+    beat = shown.last_maintenance
+    return {
+        "finished_at": _iso(beat.finished_at) if beat is not None else None,
+        "age_seconds": beat.age(shown.now) if beat is not None else None,
+        "late": heartbeat.late(beat, now=shown.now, interval=interval),
+        "failed_steps": beat.failed if beat is not None else [],
+    }
+
+
 def _budget(services: Services) -> int | None:
     if services.budget is None:
         return None
@@ -462,6 +475,7 @@ def overview(services: Services, *, limit: int = 50) -> dict[str, Any]:
     values["tasks"] = _tasks(shown)
     values["outbox"] = _outbox(shown)
     values["last_reconcile"] = _last_reconcile(shown)
+    values["maintenance"] = _maintenance(shown, services.settings.sweep_interval)
     values["api_budget"] = {
         "remaining": _budget(services),
         "limit": services.settings.api_budget_limit,

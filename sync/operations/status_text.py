@@ -41,6 +41,7 @@ def format_table(values: dict[str, Any]) -> str:
     lines.append(_tasks_line(values["tasks"]))
     lines.append(_outbox_line(values["outbox"]))
     lines.append(_reconcile_line(values["last_reconcile"]))
+    lines.append(_maintenance_line(values["maintenance"]))
     lines.append(_budget_line(values["api_budget"]))
     return "\n".join(lines)
 
@@ -128,6 +129,18 @@ def _reconcile_line(last: dict[str, Any] | None) -> str:
         f"last reconcile: {duration(last['age_seconds'])} ago ({last['state']}, "
         f"{last['listed']} jobs listed, {last['wanted']} syncs wanted)"
     )
+
+
+def _maintenance_line(maintenance: dict[str, Any]) -> str:
+    """When the workers' maintenance pass last came round, and whether that is too long ago."""
+    if maintenance["age_seconds"] is None:
+        return "maintenance: never ran (is a worker running?)"
+    line = f"maintenance: last pass {duration(maintenance['age_seconds'])} ago"
+    if maintenance["failed_steps"]:
+        line += f" (failed steps: {', '.join(maintenance['failed_steps'])})"
+    if maintenance["late"]:
+        line += "; LATE: no pass for three sweep intervals, is a worker running?"
+    return line
 
 
 def _budget_line(budget: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from werkzeug.serving import make_server
 from scrapesync.cli import main
 from simulator import CloudState, generate_records
 from sync.bootstrap import Services
-from sync.operations import reconcile
+from sync.operations import heartbeat, reconcile, status, status_text
 from sync.runs import launch
 from tests.harness import drain, notify
 from webhooks import create_app
@@ -243,3 +244,29 @@ def test_a_held_lease_shows_its_age(services: Services, cloud: CloudState) -> No
     assert values["tasks"]["oldest_lease_age_seconds"] >= 0
     assert values["tasks"]["expired_leases"] == 0
     assert "tasks: 1 leased; oldest lease " in status_text.format_table(values)
+
+
+def test_status_says_when_the_maintenance_pass_last_ran_and_when_it_is_late(
+    services: Services,
+) -> None:
+    """Never run: said so. A pass just now: its age. Three sweep intervals without one: late,
+    in the JSON, the text report and the page alike."""
+    never = status.overview(services)["maintenance"]
+    assert (never["age_seconds"], never["late"]) == (None, True)
+    assert "maintenance: never ran" in status_text.format_table(status.overview(services))
+    heartbeat.beat(services, summary={"due": 0, "failed": ["outbox_pruned"]})
+    fresh = status.overview(services)["maintenance"]
+    assert fresh["late"] is False
+    assert 0 <= fresh["age_seconds"] < 60
+    assert fresh["failed_steps"] == ["outbox_pruned"]
+    later = dataclasses.replace(
+        services,
+        clock=lambda: services.clock() + timedelta(seconds=4 * services.settings.sweep_interval),
+    )
+    stale = status.overview(later)
+    assert stale["maintenance"]["late"] is True
+    line = next(
+        x for x in status_text.format_table(stale).splitlines() if x.startswith("maintenance:")
+    )
+    assert "LATE" in line
+    assert "failed steps: outbox_pruned" in line
