@@ -125,7 +125,7 @@ def sync_command(job_id: int, force: bool) -> None:
     ):
         from sync.runs import evaluation
 
-        verdict = evaluation.evaluate_run(services, result.run_id)
+        verdict = evaluation.evaluate_run(services, result.run_id, force=force)
         echo(f"run {result.run_id}: {verdict.state} ({verdict.outcome})")
     if result.outcome not in (AttemptOutcome.COMMITTED, AttemptOutcome.UNCHANGED):
         sys.exit(1)
