@@ -13,6 +13,7 @@ import socket
 import string
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -169,3 +170,93 @@ class Deployment:
         for process in self.processes:
             if process.poll() is None:
                 kill_tree(process)
+
+
+class Supervisor:
+    """A process manager for a drill: keeps each slot (a name and the Procfile process it runs)
+    running, starting it again whenever it ends, sooner or later as it lived long or died at
+    once; the web slot keeps its port, where Cloud sends the notifications."""
+
+    def __init__(
+        self, deployment: Deployment, env: Mapping[str, str], slots: Mapping[str, str]
+    ) -> None:
+        self.deployment = deployment
+        self.env = dict(env)
+        self.slots = dict(slots)
+        self.web_port = free_port()
+        self.restarts: dict[str, int] = dict.fromkeys(slots, 0)
+        self._running: dict[str, tuple[subprocess.Popen[bytes], float]] = {}
+        self._pause: dict[str, float] = dict.fromkeys(slots, 0.5)
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="drill-supervisor", daemon=True)
+
+    @property
+    def web_url(self) -> str:
+        """Where the web process listens."""
+        return f"http://127.0.0.1:{self.web_port}"
+
+    def start(self) -> None:
+        """Start every slot (the web one first, answering before the others start), then watch."""
+        for slot in sorted(self.slots, key=lambda s: self.slots[s] != "web"):
+            self._launch(slot)
+            if self.slots[slot] == "web":
+                wait_until(
+                    lambda: httpx.get(f"{self.web_url}/healthz", timeout=2).status_code < 600,
+                    timeout=30,
+                    what="the web process answers",
+                    report=self.deployment.logs,
+                )
+        self._thread.start()
+
+    def _launch(self, slot: str) -> None:
+        name = self.slots[slot]
+        env = {**self.env, "PORT": str(self.web_port)} if name == "web" else self.env
+        with self._lock:
+            self._running[slot] = (self.deployment.start(name, env), time.monotonic())
+
+    def process(self, slot: str) -> subprocess.Popen[bytes]:
+        """The process running in ``slot`` now."""
+        with self._lock:
+            return self._running[slot][0]
+
+    def kill(self, slot: str) -> None:
+        """SIGKILL the slot's process with every descendant; it is started again."""
+        kill_tree(self.process(slot))
+
+    def terminate(self, slot: str, grace: float = 30.0) -> None:
+        """SIGTERM every process of the slot, as a platform stopping it does, and SIGKILL what
+        is left after ``grace`` seconds; it is started again."""
+        process = self.process(slot)
+        signal_tree(process, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            kill_tree(process)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            for slot in self.slots:
+                with self._lock:
+                    process, since = self._running[slot]
+                    if process.poll() is None:
+                        continue
+                    lived = time.monotonic() - since
+                    pause = 0.5 if lived > 10 else min(self._pause[slot] * 2, 10.0)
+                    self._pause[slot] = pause
+                if self._stop.wait(pause):
+                    return
+                self.restarts[slot] += 1
+                self._launch(slot)
+
+    def running(self) -> bool:
+        """Whether every slot's process runs now."""
+        with self._lock:
+            return all(p.poll() is None for p, _ in self._running.values())
+
+    def stop(self) -> None:
+        """Stop watching and kill every process."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=15)
+        self.deployment.stop_all()

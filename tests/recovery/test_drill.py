@@ -1,0 +1,51 @@
+"""The user's drill (``python -m scrapesync.drill``) run as a user runs it, shortened: the
+Procfile's processes under random faults, then the exact end state within the deadline."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scrapesync.processes import SOURCE_TREE
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+
+RECORDS = 300
+
+
+def test_the_drill_runs_the_procfile_under_faults_and_finds_the_exact_end_state(
+    tmp_path: Path,
+) -> None:
+    """A minute and a bit of faults every 6-12 s on small jobs every 4-8 s: the drill exits 0,
+    and its report counts every job's task committed, one observation per record, no key twice,
+    every run decided and every outbox event received, within the two-minute deadline."""
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "scrapesync.drill", "--minutes", "1.2"),
+            *("--records", str(RECORDS), "--jobs-every", "4-8", "--faults-every", "6-12"),
+            *("--seed", "32", "--deadline", "120", "--report", str(report)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=SOURCE_TREE,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = json.loads(report.read_text())
+    counts, jobs = found["counts"], found["jobs"]
+    assert (found["ok"], found["misses"]) == (True, [])
+    assert jobs >= 8
+    assert sum(found["faults"].values()) >= 5
+    assert counts["tasks_committed"] == jobs
+    assert counts["observations"] == found["records"] == RECORDS * jobs
+    assert counts["duplicate_observation_keys"] == 0
+    assert counts["runs_accepted"] + counts["runs_rejected"] == jobs
+    assert counts["events_received"] == counts["events"] > 0
+    assert found["settled_after"] <= 120
+    assert "result: OK" in result.stdout
