@@ -297,7 +297,12 @@ def _new_and_changed(session: Session, tables: DatasetTables, run_id: str) -> It
     ``X`` are replaced by rows of the run, which the query no longer finds, and no other
     observation of the run has their entity, so writing while reading changes no later batch."""
     names = [c.name for c in tables.columns]
-    for part in _batches(session, _seen_query(tables, run_id)):
+    # Planned for a fast start (a cursor) on statistics taken before the run was published, the
+    # join became a nested loop scanning X once per observation while the batches grow X:
+    # quadratic. A hash join reads X once, when the cursor opens.
+    with whole_set_joins(session):
+        parts = _batches(session, _seen_query(tables, run_id))
+    for part in parts:
         yield [
             _Seen(
                 entity_key=r["entity_key"],
