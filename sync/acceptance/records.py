@@ -14,12 +14,9 @@ from sync.casts import cast
 
 def is_consent_page(record: Mapping[str, Any], markers: Sequence[str]) -> bool:
     """Whether any text field of a record carries a consent or bot-wall marker."""
-    for value in record.values():
-        if isinstance(value, str):
-            lowered = value.lower()
-            if any(marker in lowered for marker in markers):
-                return True
-    return False
+    # one lowered text per record, each field apart (no marker holds the NUL between them)
+    text = "\x00".join(v for v in record.values() if isinstance(v, str)).lower()
+    return any(marker in text for marker in markers)
 
 
 def is_empty_shell(record: Mapping[str, Any], identity_fields: Sequence[str]) -> bool:
