@@ -12,7 +12,7 @@ from scrapesync.terminal import CommandError, Progress, echo, echo_json
 from sync import db, logs
 from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
-from sync.states import AttemptOutcome, LaunchState, RunState, TaskState
+from sync.states import AttemptOutcome, ClaimOutcome, LaunchState, RunState, TaskState
 
 if TYPE_CHECKING:
     from sync.runs.check import Rejudgement
@@ -96,7 +96,7 @@ def sync_command(job_id: int, force: bool) -> None:
         result = tasks.run_sync(_with_progress(services, progress), wish.task_key, force=force)
     finally:
         progress.close()
-    if result.outcome == "not_claimed":
+    if result.outcome == ClaimOutcome.NOT_CLAIMED:
         raise CommandError(
             f"task {wish.task_key} is {result.state} (another worker holds it, or it waits "
             f"until {result.next_attempt_at:%Y-%m-%d %H:%M:%S} UTC)"

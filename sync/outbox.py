@@ -21,15 +21,9 @@ from sqlalchemy.orm import Session
 
 from sync.db import insert
 from sync.models import Delivery, OutboxEvent
-from sync.states import DeliveryState, OutboxState
+from sync.states import DeliveryState, EventType, OutboxState
 
-EVENT_TYPES = (
-    "run.accepted",
-    "run.rejected",
-    "dataset.published",
-    "dataset.withdrawn",
-    "dataset.changed",
-)
+EVENT_TYPES = tuple(EventType)
 
 
 # --- writing events ---------------------------------------------------------------------------

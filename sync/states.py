@@ -84,3 +84,45 @@ class LaunchState(StrEnum):
     UNCERTAIN = "uncertain"
     CREATED = "created"
     FAILED = "failed"
+
+
+class LaunchKind(StrEnum):
+    """``launches.kind``: a collection scrapesync started, or a rerun under an existing run."""
+
+    LAUNCH = "launch"
+    RERUN = "rerun"
+
+
+class PassKind(StrEnum):
+    """``maintenance_runs.kind``: which periodic pass a row records."""
+
+    MAINTENANCE = "maintenance"
+    SWEEP = "sweep"
+    RECONCILE = "reconcile"
+
+
+class EventType(StrEnum):
+    """``outbox.event_type``: what an outbox event announces."""
+
+    RUN_ACCEPTED = "run.accepted"
+    RUN_REJECTED = "run.rejected"
+    DATASET_PUBLISHED = "dataset.published"
+    DATASET_WITHDRAWN = "dataset.withdrawn"
+    DATASET_CHANGED = "dataset.changed"
+
+
+class EvaluationOutcome(StrEnum):
+    """What an evaluation did when it wrote no new verdict (otherwise: the run's new state)."""
+
+    UNCHANGED = "unchanged"
+    WAITING = "waiting"
+    BUSY = "busy"
+    UNKNOWN = "unknown"
+    UNCONFIGURED = "unconfigured"
+
+
+class ClaimOutcome(StrEnum):
+    """A sync that made no attempt: the task was not due or not found."""
+
+    NOT_CLAIMED = "not_claimed"
+    UNKNOWN = "unknown"

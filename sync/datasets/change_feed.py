@@ -30,8 +30,9 @@ from sync.casts import to_json
 from sync.datasets.changes import ADDED, CHANGED, REMOVED, ChangeSet, EntityChange
 from sync.datasets.rows import insert_rows
 from sync.datasets.tables import DatasetTables
+from sync.states import EventType
 
-EVENT_TYPE = "dataset.changed"
+EVENT_TYPE = EventType.DATASET_CHANGED
 
 
 def counts_of(changes: ChangeSet) -> dict[str, Any]:

@@ -41,6 +41,7 @@ from sync.datasets.columns import columns_of
 from sync.datasets.history import window_start
 from sync.datasets.tables import DatasetTables, tables_for
 from sync.models import Publication, Run
+from sync.states import EventType
 
 
 class DiffError(Exception):
@@ -178,7 +179,7 @@ def _revision_of(
     run = session.get(Run, publication.run_id)
     top = run.revision if run is not None else 0
     for revision in range(top, -1, -1):
-        if outbox.event_id_for(publication.run_id, "dataset.published", revision) == (
+        if outbox.event_id_for(publication.run_id, EventType.DATASET_PUBLISHED, revision) == (
             publication.event_id
         ):
             return revision

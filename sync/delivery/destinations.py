@@ -31,7 +31,7 @@ from config.datasets import Destination
 from sync import retry
 from sync.bootstrap import Services
 from sync.datasets import export
-from sync.states import DeliveryState
+from sync.states import DeliveryState, EventType
 
 MAX_ATTEMPTS = 12
 BACKOFF_BASE = 15.0
@@ -222,7 +222,7 @@ def _write_files(
     """A file destination: the published run's export and manifest, and the event itself."""
     folder = Path(destination.path or ".")
     try:
-        if claim.event_type == "dataset.published" and claim.run_id and claim.dataset:
+        if claim.event_type == EventType.DATASET_PUBLISHED and claim.run_id and claim.dataset:
             export.export_dataset(services, claim.dataset, run_id=claim.run_id, out=folder)
         body = event_body(claim.event_id, claim.event_type, claim.created_at, claim.payload)
         export.write_atomically(folder / "events" / f"{claim.event_id}.json", body)

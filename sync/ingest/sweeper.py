@@ -10,6 +10,7 @@ from sync import logs
 from sync.bootstrap import Services
 from sync.ingest import store
 from sync.models import MaintenanceRun
+from sync.states import PassKind
 
 log = logs.get("sweeper")
 
@@ -43,7 +44,7 @@ def sweep(services: Services) -> SweepReport:
     with services.uow.begin() as session:
         session.add(
             MaintenanceRun(
-                kind="sweep",
+                kind=PassKind.SWEEP,
                 started_at=now,
                 finished_at=services.clock(),
                 summary={"due": report.due, "enqueued": enqueued, "failures": failures},

@@ -10,6 +10,7 @@ from sync.bootstrap import Services
 from sync.cloud.jobs import CloudJob
 from sync.ingest.failures import NoDatasetError
 from sync.models import Launch, Run
+from sync.states import LaunchKind
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,8 @@ def resolve_target(services: Services, job: CloudJob) -> Target:
             run_id = launch.run_id if launch is not None else job.custom_id
             run = session.get(Run, run_id)
             if run is not None and _feeds(services, run.dataset, job):
-                recovery = launch if launch is not None and launch.kind == "rerun" else None
+                rerun = launch is not None and launch.kind == LaunchKind.RERUN
+                recovery = launch if rerun else None
                 frozen = (recovery.manifest or {}).get("partitions", {}) if recovery else {}
                 return Target(
                     dataset=services.datasets.get(run.dataset),

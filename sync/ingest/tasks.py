@@ -48,7 +48,7 @@ from sync.ingest.staging import UpsertCounts
 from sync.ingest.store import Lease, StaleLeaseError
 from sync.ingest.targets import Target, resolve_target
 from sync.models import SyncTask
-from sync.states import AttemptOutcome, TaskState
+from sync.states import AttemptOutcome, ClaimOutcome, TaskState
 
 log = logs.get("sync")
 
@@ -422,11 +422,11 @@ def _not_claimed(services: Services, task_key: str) -> SyncResult:
             select(SyncTask).where(SyncTask.task_key == task_key)
         ).scalar_one_or_none()
         if task is None:
-            return SyncResult(task_key, "unknown", None)
+            return SyncResult(task_key, ClaimOutcome.UNKNOWN, None)
         state, next_at = task.state, task.next_attempt_at
     if state in store.CLAIMABLE and next_at > services.clock():
         _enqueue(services, task_key, at=next_at)
-    return SyncResult(task_key, "not_claimed", state, next_attempt_at=next_at)
+    return SyncResult(task_key, ClaimOutcome.NOT_CLAIMED, state, next_attempt_at=next_at)
 
 
 def _enqueue(services: Services, task_key: str, *, at: datetime | None = None) -> None:

@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 
 from sync.bootstrap import Services
 from sync.models import MaintenanceRun
+from sync.states import PassKind
 
-MAINTENANCE = "maintenance"
+MAINTENANCE = PassKind.MAINTENANCE
 LATE_INTERVALS = 3
 
 

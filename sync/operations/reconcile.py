@@ -37,7 +37,7 @@ from sync.models import Launch, MaintenanceRun, Run, SyncTask
 from sync.models import ScrapingJob as JobRow
 from sync.retry import backoff
 from sync.runs import due, evaluation
-from sync.states import LaunchState, TaskState
+from sync.states import LaunchState, PassKind, TaskState
 
 log = logs.get("reconcile")
 
@@ -196,7 +196,7 @@ def _created(job: CloudJob) -> datetime:
 
 def _start(services: Services, now: datetime) -> int:
     with services.uow.begin() as session:
-        row = MaintenanceRun(kind="reconcile", started_at=now, summary={"state": "running"})
+        row = MaintenanceRun(kind=PassKind.RECONCILE, started_at=now, summary={"state": "running"})
         session.add(row)
         session.commit()
         return row.id
@@ -391,7 +391,9 @@ def schedule(services: Services) -> bool:
     now = services.clock()
     with services.uow.begin() as session:
         last = session.execute(
-            select(func.max(MaintenanceRun.started_at)).where(MaintenanceRun.kind == "reconcile")
+            select(func.max(MaintenanceRun.started_at)).where(
+                MaintenanceRun.kind == PassKind.RECONCILE
+            )
         ).scalar_one()
     if last is not None and (now - last).total_seconds() < interval:
         return False

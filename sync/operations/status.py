@@ -33,7 +33,7 @@ from sync.models import (
     SyncTask,
 )
 from sync.operations import heartbeat
-from sync.states import AttemptOutcome, OutboxState, RunState, TaskState
+from sync.states import AttemptOutcome, OutboxState, PassKind, RunState, TaskState
 
 TASK_STATES: tuple[str, ...] = tuple(TaskState)  # in lifecycle order
 RUN_STATES: tuple[str, ...] = tuple(RunState)
@@ -395,7 +395,7 @@ def _latest_reconcile(session: Session) -> LastReconcile | None:
     """The reconcile pass that started last, if one ever did."""
     row = session.execute(
         select(MaintenanceRun)
-        .where(MaintenanceRun.kind == "reconcile")
+        .where(MaintenanceRun.kind == PassKind.RECONCILE)
         .order_by(MaintenanceRun.started_at.desc(), MaintenanceRun.id.desc())
         .limit(1)
     ).scalar_one_or_none()

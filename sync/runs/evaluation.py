@@ -52,7 +52,7 @@ from sync.models import (
     ScrapingJob,
 )
 from sync.runs import evidence, publication
-from sync.states import PartitionState, RunState, ValidationState
+from sync.states import EvaluationOutcome, EventType, PartitionState, RunState, ValidationState
 
 log = logs.get("runs")
 
@@ -89,7 +89,7 @@ def evaluate_run(services: Services, run_id: str, *, force: bool = False) -> Eva
     with _alone(services, run_id) as alone:
         if not alone:
             log.info("evaluation.busy", extra={"run_id": run_id})
-            return Evaluation(run_id, "busy", None)
+            return Evaluation(run_id, EvaluationOutcome.BUSY, None)
         if not force:
             judged = _already_judged(services, run_id)
             if judged is not None:
@@ -103,7 +103,9 @@ def _already_judged(services: Services, run_id: str) -> Evaluation | None:
         run = session.get(Run, run_id)
         if run is None or run.state not in DECIDED or run.evaluated_version != run.data_version:
             return None
-        return Evaluation(run_id, "unchanged", run.state, run.revision, reasons=tuple(run.reasons))
+        return Evaluation(
+            run_id, EvaluationOutcome.UNCHANGED, run.state, run.revision, reasons=tuple(run.reasons)
+        )
 
 
 @contextmanager
@@ -232,11 +234,11 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
         # The first statement writes, so it holds the run (and SQLite's write lock) throughout.
         touched = session.execute(update(Run).where(Run.run_id == run_id).values(updated_at=now))
         if not touched.rowcount:  # type: ignore[attr-defined]
-            return Evaluation(run_id, "unknown", None)
+            return Evaluation(run_id, EvaluationOutcome.UNKNOWN, None)
         run = session.execute(select(Run).where(Run.run_id == run_id)).scalar_one()
         if run.dataset not in services.datasets.by_name:
             log.warning("evaluation.unconfigured", extra={"run_id": run_id, "dataset": run.dataset})
-            return Evaluation(run_id, "unconfigured", run.state, run.revision)
+            return Evaluation(run_id, EvaluationOutcome.UNCONFIGURED, run.state, run.revision)
         dataset = services.datasets.get(run.dataset)
         waiting = waiting_for_tasks(evidence.pending_tasks(session, run_id))
         if waiting is not None:
@@ -246,7 +248,11 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
                 run.evaluated_at = now
                 session.commit()
             return Evaluation(
-                run_id, "waiting", run.state, run.revision, reasons=(waiting.as_dict(),)
+                run_id,
+                EvaluationOutcome.WAITING,
+                run.state,
+                run.revision,
+                reasons=(waiting.as_dict(),),
             )
         tallies, pending_rows = evidence.tally(session, run_id, dataset)
         services.killpoints.reached("mid-evaluation")
@@ -266,7 +272,7 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
                 session.commit()
             return Evaluation(
                 run_id,
-                "waiting",
+                EvaluationOutcome.WAITING,
                 run.state,
                 run.revision,
                 reasons=tuple(r.as_dict() for r in judgement.reasons),
@@ -327,7 +333,7 @@ def _apply(
             run.accepted_at = now
             if old_state != RunState.PUBLISHED:
                 run.state = RunState.ACCEPTED
-            events.append(_announce(session, dataset, run, "run.accepted", summary, now))
+            events.append(_announce(session, dataset, run, EventType.RUN_ACCEPTED, summary, now))
             current = publication.current_publication(session, dataset.name)
             if publication.publishes(session, run, current):
                 events.extend(
@@ -343,10 +349,10 @@ def _apply(
                 )
         else:
             run.state = RunState.REJECTED
-            events.append(_announce(session, dataset, run, "run.rejected", summary, now))
+            events.append(_announce(session, dataset, run, EventType.RUN_REJECTED, summary, now))
             events.extend(publication.withdraw(session, dataset, run, now, schema=schema))
     _keep_profile(session, run, judgement, now)
-    outcome = run.state if changed else "unchanged"
+    outcome = run.state if changed else EvaluationOutcome.UNCHANGED
     return Evaluation(
         run.run_id,
         outcome,

@@ -20,7 +20,14 @@ from sync.acceptance.facts import ImportFacts, JobFacts, PartitionTally, Profile
 from sync.acceptance.records import tally_records
 from sync.ingest.store import task_key_for
 from sync.models import Attempt, Launch, Observation, Run, RunProfile, ScrapingJob, SyncTask
-from sync.states import AttemptOutcome, LaunchState, RunState, TaskState, ValidationState
+from sync.states import (
+    AttemptOutcome,
+    LaunchKind,
+    LaunchState,
+    RunState,
+    TaskState,
+    ValidationState,
+)
 
 UNFINISHED_LAUNCHES = (LaunchState.INTENDED, LaunchState.CREATING, LaunchState.UNCERTAIN)
 
@@ -74,7 +81,7 @@ def job_facts(session: Session, run_id: str, errors: Mapping[int, str]) -> list[
         batch: list(urls or [])
         for batch, urls in session.execute(
             select(Launch.batch_id, Launch.start_urls).where(
-                Launch.run_id == run_id, Launch.kind == "rerun"
+                Launch.run_id == run_id, Launch.kind == LaunchKind.RERUN
             )
         ).all()
     }

@@ -43,7 +43,7 @@ from sync.cloud.jobs import CloudJob
 from sync.db import insert
 from sync.ingest import run_rows
 from sync.models import Launch, Run
-from sync.states import LaunchState
+from sync.states import LaunchKind, LaunchState
 
 log = logs.get("launch")
 
@@ -168,7 +168,7 @@ def launch(
                 session,
                 batch_id=run_id,
                 run_id=run_id,
-                kind="launch",
+                kind=LaunchKind.LAUNCH,
                 partition=None,
                 start_urls=list(start_urls) or None,
                 now=now,

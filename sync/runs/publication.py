@@ -18,7 +18,7 @@ from config.datasets import Dataset
 from sync import outbox
 from sync.datasets import change_feed, materialise
 from sync.models import Observation, PartitionVerdict, Publication, Run
-from sync.states import PartitionState, RunState, ValidationState
+from sync.states import EventType, PartitionState, RunState, ValidationState
 
 
 def current_publication(session: Session, dataset: str) -> Publication | None:
@@ -79,7 +79,7 @@ def publish(
             .values(is_current=False, superseded_at=now)
             .execution_options(synchronize_session=False)
         )
-    event_id = outbox.event_id_for(run.run_id, "dataset.published", run.revision)
+    event_id = outbox.event_id_for(run.run_id, EventType.DATASET_PUBLISHED, run.revision)
     row = Publication(
         dataset=dataset.name,
         run_id=run.run_id,
@@ -101,7 +101,7 @@ def publish(
     )
     published = outbox.write_event(
         session,
-        event_type="dataset.published",
+        event_type=EventType.DATASET_PUBLISHED,
         run_id=run.run_id,
         dataset=dataset.name,
         revision=run.revision,
@@ -162,7 +162,7 @@ def withdraw(
         return [
             outbox.write_event(
                 session,
-                event_type="dataset.withdrawn",
+                event_type=EventType.DATASET_WITHDRAWN,
                 run_id=run.run_id,
                 dataset=dataset.name,
                 revision=run.revision,

@@ -33,7 +33,7 @@ from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
 from sync.models import Launch, Observation, PartitionVerdict, Run, ScrapingJob
 from sync.runs.launch import LaunchError, LaunchOutcome, carry_out, intend, resolve_sitemap
-from sync.states import LaunchState, PartitionState, RunState
+from sync.states import LaunchKind, LaunchState, PartitionState, RunState
 
 log = logs.get("rerun")
 
@@ -210,7 +210,11 @@ def _plan(
         dataset = services.datasets.get(run.dataset)
         unfinished = session.execute(
             select(Launch.batch_id)
-            .where(Launch.run_id == run_id, Launch.kind == "rerun", Launch.state.in_(UNFINISHED))
+            .where(
+                Launch.run_id == run_id,
+                Launch.kind == LaunchKind.RERUN,
+                Launch.state.in_(UNFINISHED),
+            )
             .order_by(Launch.created_at)
             .limit(1)
         ).scalar_one_or_none()
@@ -264,7 +268,7 @@ def _intend_batch(
             + session.execute(
                 select(func.count())
                 .select_from(Launch)
-                .where(Launch.run_id == run_id, Launch.kind == "rerun")
+                .where(Launch.run_id == run_id, Launch.kind == LaunchKind.RERUN)
             ).scalar_one()
         )
         batch_id = f"{run_id}~r{number}"
@@ -272,7 +276,7 @@ def _intend_batch(
             session,
             batch_id=batch_id,
             run_id=run_id,
-            kind="rerun",
+            kind=LaunchKind.RERUN,
             partition=partition,
             start_urls=start_urls,
             now=now,
