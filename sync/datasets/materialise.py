@@ -100,12 +100,12 @@ def apply_publication(
     # the history held nothing before this publication (a first copy fills the table below)
     fresh = dataset_history.is_empty(session, tables)
     had_rows = _has_rows(session, tables)
+    if not dataset.columns:  # a text column for each field first seen, before any row is cast
+        added = dataset_schema.new_columns(tables.columns, _new_fields(session, tables, run))
+        tables = dataset_schema.add_columns(session, tables, added, schema)
     copied = _copy_plain_first(session, dataset, tables, run) if fresh else 0
     # a first publication that copied every row leaves nothing for Python to cast or compare
     complete = copied > 0 and copied == _valid_count(session, run.run_id)
-    if not dataset.columns and not complete:
-        added = dataset_schema.new_columns(tables.columns, _new_fields(session, tables, run))
-        tables = dataset_schema.add_columns(session, tables, added, schema)
     baseline = not _published_before(session, dataset.name)
     feed = change_feed.Feed(
         session, tables, dataset, run.run_id, previous_run_id, run.revision, now, baseline
@@ -252,10 +252,8 @@ def _copy_plain_first(session: Session, dataset: Dataset, tables: DatasetTables,
     """On PostgreSQL, a dataset's first publication into empty tables (the caller checked them)
     has the database cast and copy the rows whose values are all plain
     (:mod:`sync.datasets.first_publication`); returns how many."""
-    if (
-        not dataset.columns
-        or dataset_schema.dialect_of(session) != "postgresql"
-        or _published_before(session, dataset.name)
+    if dataset_schema.dialect_of(session) != "postgresql" or _published_before(
+        session, dataset.name
     ):
         return 0
     return first_publication.copy_plain_rows(
