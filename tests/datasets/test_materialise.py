@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import pytest
 from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
 
 from config.columns import Column
 from config.datasets import Dataset
@@ -93,8 +94,7 @@ def publish(
             for key, payload in group.items()
         ]
         session.execute(Observation.__table__.delete().where(Observation.run_id == run_id))
-        if rows:
-            session.execute(Observation.__table__.insert(), rows)
+        insert_observations(session, rows, now)
         session.execute(
             PartitionVerdict.__table__.delete().where(PartitionVerdict.run_id == run_id)
         )
@@ -116,6 +116,23 @@ def publish(
         )
         session.commit()
     return run_id
+
+
+def insert_observations(session: Session, rows: list[dict[str, Any]], now: datetime) -> None:
+    """Write ``rows`` as observations: by COPY on PostgreSQL (as the import writes them, and a
+    tenth of the time of an executemany for the thirty windows of ten thousand below), by an
+    executemany elsewhere."""
+    if not rows:
+        return
+    if session.get_bind().dialect.name != "postgresql":
+        session.execute(Observation.__table__.insert(), rows)
+        return
+    columns = [*rows[0], "first_seen_at", "last_changed_at"]
+    cursor = session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
+    with cursor.copy(f"COPY observations ({', '.join(columns)}) FROM STDIN") as copy:
+        for row in rows:
+            values = [json.dumps(v) if k == "payload" else v for k, v in row.items()]
+            copy.write_row([*values, now, now])
 
 
 def withdraw(services: Services, dataset: Dataset, run_id: str) -> None:

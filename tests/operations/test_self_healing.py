@@ -244,11 +244,17 @@ def test_after_redis_fails_to_answer_the_dispatcher_gives_up_at_once_for_a_momen
 
 @pytest.mark.slow
 def test_a_hung_redis_does_not_stop_the_passes_and_they_heal_once_it_answers(
-    web: Flask, services: Services, cloud: CloudState, uow: UnitOfWork
+    web: Flask,
+    services: Services,
+    cloud: CloudState,
+    uow: UnitOfWork,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Redis stops answering mid-life (SIGSTOP): every call gives up after the client's timeout,
     the passes keep coming and their heartbeat with them, and once Redis answers again (empty)
-    the next pass queues the task that waits."""
+    the next pass queues the task that waits. (The client's timeout is cut to a second here;
+    the test above holds the real one.)"""
+    monkeypatch.setattr(bootstrap, "REDIS_SOCKET_TIMEOUT", 1.0)
     server = PrivateRedis()
     server.start()
     loop: maintenance.MaintenanceLoop | None = None
