@@ -20,15 +20,15 @@ RECORDS = 300
 def test_the_drill_runs_the_procfile_under_faults_and_finds_the_exact_end_state(
     tmp_path: Path,
 ) -> None:
-    """Thirty-six seconds of faults every 3-6 s on small jobs every 2-4 s, with short maintenance
+    """Twenty-four seconds of faults every 2-4 s on small jobs every 1.5-3 s, with short maintenance
     intervals (sweep 4 s, lease 12 s, reconcile 15 s): the drill exits 0, and its report counts
     every job's task committed, one observation per record, no key twice, every run decided
     and every outbox event received, within the two-minute deadline."""
     report = tmp_path / "report.json"
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "scrapesync.drill", "--minutes", "0.6"),
-            *("--records", str(RECORDS), "--jobs-every", "2-4", "--faults-every", "3-6"),
+            *(sys.executable, "-m", "scrapesync.drill", "--minutes", "0.4"),
+            *("--records", str(RECORDS), "--jobs-every", "1.5-3", "--faults-every", "2-4"),
             *("--sweep", "4", "--lease", "12", "--reconcile", "15"),
             *("--seed", "32", "--deadline", "120", "--report", str(report)),
         ],
