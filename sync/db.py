@@ -6,16 +6,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import QueuePool
 from sqlalchemy.util.queue import Empty
+
+if TYPE_CHECKING:  # Alembic is imported when migrating, not by every process that starts
+    from alembic.config import Config
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -173,6 +174,8 @@ def planner_method_off(session: Session, setting: str) -> Iterator[None]:
 
 def alembic_config(url: str) -> Config:
     """The Alembic configuration for the migrations shipped with the package."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -181,9 +184,13 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Apply migrations up to ``revision``."""
+    from alembic import command
+
     command.upgrade(alembic_config(url), revision)
 
 
 def downgrade(url: str, revision: str = "base") -> None:
     """Revert migrations down to ``revision``."""
+    from alembic import command
+
     command.downgrade(alembic_config(url), revision)
