@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sync.bootstrap import Services
+from sync.delivery import backlog
 from sync.models import (
     Attempt,
     Delivery,
@@ -472,8 +473,10 @@ def overview(services: Services, *, limit: int = 50) -> dict[str, Any]:
             "publications": _publications(session),
         }
         shown = figures(session, now)
+        destinations = backlog.destination_rows(session, services)
     values["tasks"] = _tasks(shown)
     values["outbox"] = _outbox(shown)
+    values["destinations"] = destinations
     values["last_reconcile"] = _last_reconcile(shown)
     values["maintenance"] = _maintenance(shown, services.settings.sweep_interval)
     values["api_budget"] = {
