@@ -90,11 +90,10 @@ def page(
         if destination is not None:
             query = query.where(OutboxEvent.dataset.in_(sorted(keys)))
         rows = list(session.execute(query).scalars())
-    more = len(rows) > limit
-    rows = rows[:limit]
-    now = int(services.clock().timestamp())
-    events = [_item(services, row, keys.get(row.dataset or "", []), now) for row in rows]
-    return Page(events, rows[-1].event_id if rows else after, more, history)
+        more = len(rows) > limit
+        now = int(services.clock().timestamp())
+        events = [_item(row, keys.get(row.dataset or "", []), now) for row in rows[:limit]]
+    return Page(events, events[-1]["id"] if events else after, more, history)
 
 
 def _horizon() -> Any:
@@ -102,7 +101,8 @@ def _horizon() -> Any:
     return cast(text("pg_snapshot_xmin(pg_current_snapshot())::text"), BigInteger)
 
 
-def _item(services: Services, row: OutboxEvent, secrets: list[str], now: int) -> dict[str, Any]:
+def _item(row: OutboxEvent, secrets: list[str], now: int) -> dict[str, Any]:
+    """One event as the feed serves it: its fields, the pushed body, the signed headers."""
     body = destinations.event_body(row.event_id, row.event_type, row.created_at, row.payload)
     headers = {"webhook-id": row.event_id, "webhook-timestamp": str(now)}
     signatures = [destinations.signed_headers(s, row.event_id, now, body) for s in secrets]
