@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from config.datasets import Destination
@@ -149,6 +149,18 @@ def destination_states(services: Services) -> list[dict[str, Any]]:
     """Each destination that failed or was disabled: since when, and why."""
     with services.uow.begin() as session:
         return destination_rows(session, services)
+
+
+def count_destinations(session: Session, *, disabled: bool) -> int:
+    """How many destinations are disabled (or, with ``disabled=False``, failing but enabled)."""
+    s = DestinationState
+    where = (
+        [s.disabled_at.is_not(None)]
+        if disabled
+        else [s.disabled_at.is_(None), s.failing_since.is_not(None)]
+    )
+    query = select(func.count()).select_from(DestinationState).where(*where)
+    return int(session.execute(query).scalar_one())
 
 
 def destination_rows(session: Session, services: Services) -> list[dict[str, Any]]:

@@ -61,7 +61,8 @@ class Outcome:
     wait: float | None = None
     status: int | None = None
     error: str | None = None
-    # whether the destination answered at all (a refusal ends its failing streak too)
+    # whether this ends the destination's failing streak: it answered (a refusal too), or the
+    # attempt failed for a reason of ours, not of the destination
     answered: bool = False
     # 410 Gone: the destination is disabled until an operator enables it again
     disables: bool = False
@@ -215,7 +216,11 @@ def send(services: Services, client: httpx.Client, claim: Claim) -> Outcome:
     """Make one delivery attempt of a claimed delivery: a signed POST or files in a folder."""
     destination = _destination(services, claim)
     if destination is None:
-        return Outcome(DeliveryState.DEAD, error="destination is no longer in the datasets file")
+        return Outcome(
+            DeliveryState.DEAD,
+            error="destination is no longer in the datasets file",
+            answered=True,
+        )
     now = services.clock()
     judge = partial(
         classify,
@@ -285,7 +290,7 @@ def _write_files(
         body = event_body(claim.event_id, claim.event_type, claim.created_at, claim.payload)
         export.write_atomically(folder / "events" / f"{claim.event_id}.json", body)
     except export.ExportError as exc:
-        return Outcome(DeliveryState.DEAD, error=f"ExportError: {exc}")
+        return Outcome(DeliveryState.DEAD, error=f"ExportError: {exc}", answered=True)
     except OSError as exc:
         return judge(None, error=f"{type(exc).__name__}: {exc}")
     return Outcome(DeliveryState.DELIVERED, answered=True)

@@ -327,6 +327,9 @@ class Figures:
     last_reconcile: LastReconcile | None
     last_maintenance_at: datetime | None
     last_maintenance: heartbeat.Beat | None
+    # destinations a 410 Gone disabled, and those failing now (their retry windows running)
+    destinations_disabled: int = 0
+    destinations_failing: int = 0
 
     @property
     def outbox_backlog(self) -> int:
@@ -368,6 +371,8 @@ def figures(session: Session, now: datetime) -> Figures:
         last_reconcile=_latest_reconcile(session),
         last_maintenance_at=heartbeat.last(session),
         last_maintenance=heartbeat.latest(session),
+        destinations_disabled=backlog.count_destinations(session, disabled=True),
+        destinations_failing=backlog.count_destinations(session, disabled=False),
     )
 
 

@@ -30,6 +30,7 @@ from tests.delivery.test_delivery import deliveries
 from tests.fakes import Receiver, verify_signature
 from tests.harness import API_TOKEN, at_time, datasets_from
 from tests.operations.test_doctor import GOOD_DATASETS, checks, doctor
+from webhooks import create_app
 
 SIM_TOKEN = {"WEBSCRAPER_API_TOKEN": API_TOKEN}
 
@@ -144,6 +145,9 @@ def test_a_410_disables_the_destination_and_holds_its_other_deliveries(
     assert (head.state, head.last_status) == ("dead", 410)
     assert "disabled until enabled again" in head.last_error
     assert [r.state for r in rest] == ["unsent", "unsent"]
+    metrics = guarded_metrics(services)
+    assert "scrapesync_destinations_disabled 1.0" in metrics
+    assert "scrapesync_destinations_failing 0.0" in metrics
     status = CliRunner().invoke(main, ["status"])
     assert status.exit_code == 0, status.output
     assert f"destination {HOOK_URL}: DISABLED since" in status.output
@@ -155,6 +159,15 @@ def test_a_410_disables_the_destination_and_holds_its_other_deliveries(
     assert "2 deliveries waiting" in enabled.output
     assert relay.relay(services).delivered == 2
     assert [r.event_id for r in receiver.requests[1:]] == events[1:]
+
+
+def guarded_metrics(services: Services) -> str:
+    """What Prometheus scrapes with the read token."""
+    settings = replace(services.settings, read_token="metrics-read-token")
+    client = create_app(replace(services, settings=settings)).test_client()
+    answer = client.get("/metrics", headers={"Authorization": "Bearer metrics-read-token"})
+    assert answer.status_code == 200
+    return answer.get_data(as_text=True)
 
 
 def test_a_destination_sets_its_own_retry_window_and_longest_wait(
