@@ -295,9 +295,8 @@ class OutboxEvent(Base):
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
     delivered_at: Mapped[datetime | None] = mapped_column(index=True)  # retention
     last_error: Mapped[str | None] = mapped_column(ScrubbedText)
-    # the writing transaction's id (PostgreSQL): the pull feed serves an event only once every
-    # transaction that might still add an earlier one has ended
-    txid: Mapped[int | None] = mapped_column(BigInteger)
+    # the event's place in the pull feed, given once it is committed, in commit order
+    feed_position: Mapped[int | None] = mapped_column(BigInteger, unique=True)
 
 
 class Delivery(Base):

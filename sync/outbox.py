@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import literal_column
 from sqlalchemy.orm import Session
 
 from sync.db import insert
@@ -67,7 +66,6 @@ def write_event(
             attempts=0,
             next_attempt_at=now,
             delivered_at=None if destinations else now,
-            txid=_transaction_id(session),
         )
         .on_conflict_do_nothing(index_elements=["event_id"])
     )
@@ -84,11 +82,3 @@ def write_event(
             .on_conflict_do_nothing(index_elements=["event_id", "destination"])
         )
     return event_id
-
-
-def _transaction_id(session: Session) -> Any:
-    """The writing transaction's id on PostgreSQL (the pull feed orders by it); None elsewhere,
-    where one writer at a time commits."""
-    if session.get_bind().dialect.name != "postgresql":
-        return None
-    return literal_column("pg_current_xact_id()::text::bigint")

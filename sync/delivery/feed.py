@@ -8,10 +8,13 @@ The contract:
   pulled event as it verifies a pushed one. ``webhook-signature`` holds one ``v1,`` signature
   per signing secret of the event's dataset's destinations (of one destination, when the
   request names it); an event of a dataset without a signed destination comes unsigned.
-- ``after`` is the id of the last event the consumer has; the page holds the events written
-  after it, at most ``limit``, and ``next`` is the ``after`` of the next page. On PostgreSQL an
-  event is served only once every transaction that began before it was written has ended, so
-  an event committed late never lands behind a page the consumer already has.
+- ``after`` is the id of the last event the consumer has; the page holds the events after it,
+  at most ``limit``, and ``next`` is the ``after`` of the next page. Each event gets its place
+  in the feed (``feed_position``) once it is committed: before a page is read, the events
+  committed since the last page are numbered on, in the order they were written, by one
+  numbering at a time (an advisory lock on PostgreSQL; SQLite has one writer). So an event
+  whose transaction commits late is placed after what was already served, never behind a page
+  a consumer already has; events of one transaction keep the order they were written in.
 - Events are kept as long as the outbox retention keeps them (delivered ones for
   ``SCRAPESYNC_OUTBOX_RETENTION_DAYS``); every page says where the kept history starts. An
   ``after`` that is not kept is a :class:`FeedError` naming that start.
@@ -22,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, cast, func, or_, select, text
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from sync.bootstrap import Services
@@ -31,6 +34,7 @@ from sync.models import OutboxEvent
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
+FEED_LOCK = 0x5C4A9E  # the advisory lock under which events get their place in the feed
 
 
 class FeedError(Exception):
@@ -67,15 +71,17 @@ def page(
     limit: int = DEFAULT_LIMIT,
     destination: str | None = None,
 ) -> Page:
-    """The events written after ``after`` (from the start of the kept history without it)."""
+    """The events after ``after`` (from the start of the kept history without it)."""
     keys = _signing_keys(services, destination)
     limit = max(1, min(limit, MAX_LIMIT))
+    number_committed(services)
+    o = OutboxEvent
     with services.uow.begin() as session:
         history = _history(session, services)
-        query = select(OutboxEvent).order_by(OutboxEvent.id).limit(limit + 1)
+        query = select(o).where(o.feed_position.is_not(None)).order_by(o.feed_position)
         if after:
             position = session.execute(
-                select(OutboxEvent.id).where(OutboxEvent.event_id == after)
+                select(o.feed_position).where(o.event_id == after)
             ).scalar_one_or_none()
             if position is None:
                 raise FeedError(
@@ -84,21 +90,34 @@ def page(
                     "`after` to read it from there",
                     history,
                 )
-            query = query.where(OutboxEvent.id > position)
-        if session.get_bind().dialect.name == "postgresql":
-            query = query.where(or_(OutboxEvent.txid.is_(None), OutboxEvent.txid < _horizon()))
+            query = query.where(o.feed_position > position)
         if destination is not None:
-            query = query.where(OutboxEvent.dataset.in_(sorted(keys)))
-        rows = list(session.execute(query).scalars())
+            query = query.where(o.dataset.in_(sorted(keys)))
+        rows = list(session.execute(query.limit(limit + 1)).scalars())
         more = len(rows) > limit
         now = int(services.clock().timestamp())
         events = [_item(row, keys.get(row.dataset or "", []), now) for row in rows[:limit]]
     return Page(events, events[-1]["id"] if events else after, more, history)
 
 
-def _horizon() -> Any:
-    """The oldest transaction still running: every one before it has ended (PostgreSQL)."""
-    return cast(text("pg_snapshot_xmin(pg_current_snapshot())::text"), BigInteger)
+def number_committed(services: Services) -> int:
+    """Give the committed events that have no place in the feed yet the next places, in the
+    order they were written; one numbering at a time. Returns how many were numbered."""
+    o = OutboxEvent
+    with services.uow.begin() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(select(func.pg_advisory_xact_lock(FEED_LOCK)))
+        last = session.execute(select(func.max(o.feed_position))).scalar_one() or 0
+        unplaced = (
+            select(o.id, (last + func.row_number().over(order_by=o.id)).label("place"))
+            .where(o.feed_position.is_(None))
+            .subquery()
+        )
+        result = session.execute(
+            update(o).where(o.id == unplaced.c.id).values(feed_position=unplaced.c.place)
+        )
+        session.commit()
+    return int(result.rowcount)  # type: ignore[attr-defined]
 
 
 def _item(row: OutboxEvent, secrets: list[str], now: int) -> dict[str, Any]:
@@ -142,7 +161,10 @@ def _signing_keys(services: Services, destination: str | None) -> dict[str, list
 def _history(session: Session, services: Services) -> dict[str, Any]:
     """Where the kept history starts, and how long delivered events are kept."""
     first = session.execute(
-        select(OutboxEvent.event_id, OutboxEvent.created_at).order_by(OutboxEvent.id).limit(1)
+        select(OutboxEvent.event_id, OutboxEvent.created_at)
+        .where(OutboxEvent.feed_position.is_not(None))
+        .order_by(OutboxEvent.feed_position)
+        .limit(1)
     ).one_or_none()
     total = session.execute(select(func.count()).select_from(OutboxEvent)).scalar_one()
     return {

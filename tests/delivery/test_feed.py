@@ -199,3 +199,36 @@ def test_the_read_token_is_a_secret_masked_everywhere(services: Services) -> Non
     assert settings.read_token == READ_TOKEN
     assert READ_TOKEN not in repr(settings)
     assert READ_TOKEN in secrecy.secrets_of(settings)
+
+
+@pytest.mark.postgres
+def test_an_event_committed_late_is_served_after_the_pages_already_read(
+    services: Services, cloud: CloudState
+) -> None:
+    """An event written first but committed after later ones were pulled is not skipped: it
+    comes on the next page, after them."""
+    from sync.outbox import write_event
+    from sync.states import EventType
+
+    client = guarded(services, read_token=READ_TOKEN)
+    with services.uow.begin() as slow:
+        late = write_event(
+            slow,
+            event_type=EventType.RUN_ACCEPTED,
+            run_id="products-late",
+            dataset="products",
+            revision=1,
+            payload={"run_id": "products-late"},
+            destinations=[],
+            now=services.clock(),
+        )
+        slow.flush()
+        _run_id, early = accept_quietly(services, cloud)
+        first = pull_everything(client, limit=10)
+        assert [e["id"] for e in first] == early
+        slow.commit()
+    page = client.get(
+        "/api/events", query_string={"after": first[-1]["id"], "token": READ_TOKEN}
+    ).get_json()
+    assert [e["id"] for e in page["events"]] == [late]
+    Webhook(SECRET).verify(page["events"][0]["body"], page["events"][0]["headers"])
