@@ -232,3 +232,31 @@ def test_an_event_committed_late_is_served_after_the_pages_already_read(
     ).get_json()
     assert [e["id"] for e in page["events"]] == [late]
     Webhook(SECRET).verify(page["events"][0]["body"], page["events"][0]["headers"])
+
+
+def test_an_action_needs_the_status_token_and_the_read_token_is_refused(
+    services: Services,
+) -> None:
+    """What acts (rather than reads) opens only with the status token: the read token gets
+    401, and with no status token configured actions are off (403)."""
+    from webhooks import access
+
+    settings = dataclasses.replace(
+        services.settings, read_token=READ_TOKEN, status_token=STATUS_TOKEN
+    )
+    app = create_app(dataclasses.replace(services, settings=settings))
+    for token, expected in [(STATUS_TOKEN, None), (READ_TOKEN, 401), ("wrong", 401)]:
+        with app.test_request_context(headers={"Authorization": f"Bearer {token}"}):
+            refused = access.refusal(access.Access.ACT)
+            assert (refused.status_code if refused else None) == expected, token
+        with app.test_request_context(query_string={"token": token}):
+            refused = access.refusal(access.Access.READ)
+            assert (refused.status_code if refused else None) == (
+                401 if token == "wrong" else None
+            ), token
+    only_read = dataclasses.replace(settings, status_token=None)
+    app = create_app(dataclasses.replace(services, settings=only_read))
+    with app.test_request_context(query_string={"token": READ_TOKEN}):
+        refused = access.refusal(access.Access.ACT)
+        assert refused is not None
+        assert refused.status_code == 403

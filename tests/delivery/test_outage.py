@@ -145,8 +145,9 @@ def test_a_410_disables_the_destination_and_holds_its_other_deliveries(
     assert (head.state, head.last_status) == ("dead", 410)
     assert "disabled until enabled again" in head.last_error
     assert [r.state for r in rest] == ["unsent", "unsent"]
-    metrics = guarded_metrics(services)
+    metrics = guarded_page(services, "/metrics")
     assert "scrapesync_destinations_disabled 1.0" in metrics
+    assert f"{HOOK_URL}: DISABLED since" in guarded_page(services, "/status")
     assert "scrapesync_destinations_failing 0.0" in metrics
     status = CliRunner().invoke(main, ["status"])
     assert status.exit_code == 0, status.output
@@ -161,11 +162,11 @@ def test_a_410_disables_the_destination_and_holds_its_other_deliveries(
     assert [r.event_id for r in receiver.requests[1:]] == events[1:]
 
 
-def guarded_metrics(services: Services) -> str:
-    """What Prometheus scrapes with the read token."""
-    settings = replace(services.settings, read_token="metrics-read-token")
+def guarded_page(services: Services, path: str) -> str:
+    """A read-only page as the read token sees it (Prometheus, a dashboard)."""
+    settings = replace(services.settings, read_token="a-read-token")
     client = create_app(replace(services, settings=settings)).test_client()
-    answer = client.get("/metrics", headers={"Authorization": "Bearer metrics-read-token"})
+    answer = client.get(path, headers={"Authorization": "Bearer a-read-token"})
     assert answer.status_code == 200
     return answer.get_data(as_text=True)
 
