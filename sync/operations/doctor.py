@@ -408,7 +408,9 @@ def _disabled_destinations(settings: Settings, datasets: Datasets) -> Iterator[C
     finally:
         engine.dispose()
     for row in rows:
-        label = labels.get(row.destination, row.destination)
+        if row.destination not in labels:
+            continue  # no longer in the datasets file: nothing is sent to it anyway
+        label = labels[row.destination]
         yield Check(
             f"destination {label}",
             False,
