@@ -83,6 +83,7 @@ def list_command(
     if not rows:
         echo("no deliveries in that state")
         return
+    disabled = {d["destination"] for d in troubled if d["disabled_at"]}
     for row in rows:
         echo(
             f"{row['event_id']}  {row['type']:<17} {row['state']:<9} "
@@ -92,6 +93,10 @@ def list_command(
             f"HTTP {row['last_status']}" if row["last_status"] is not None else None
         )
         when = row["next_attempt_at"] and f"next attempt {row['next_attempt_at']}"
+        if row["waits_behind"]:
+            when = f"waits behind {row['waits_behind']}"
+        if row["destination"] in disabled and row["state"] in ("unsent", "failed"):
+            when = "held while the destination is disabled"
         details = [f"written {row['created_at']}", when, answer and f"last answer: {answer}"]
         echo("    " + "; ".join(str(x) for x in details if x))
 

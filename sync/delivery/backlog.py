@@ -120,6 +120,7 @@ def listing(
         query = query.where(Delivery.destination == resolve(services, destination).key)
     with services.uow.begin() as session:
         rows = session.execute(query).all()
+        heads = _heads(session)
         return [
             {
                 "event_id": event.event_id,
@@ -136,9 +137,28 @@ def listing(
                 else None,
                 "last_status": delivery.last_status,
                 "last_error": delivery.last_error,
+                "waits_behind": heads.get(delivery.destination)
+                if delivery.state in relay.WAITING
+                and heads.get(delivery.destination) not in (None, event.event_id)
+                else None,
             }
             for delivery, event in rows
         ]
+
+
+def _heads(session: Session) -> dict[str, str]:
+    """Each destination's oldest waiting delivery's event: the one the others wait behind."""
+    d = Delivery
+    oldest = (
+        select(d.destination, func.min(d.id).label("id"))
+        .where(d.state.in_(relay.WAITING))
+        .group_by(d.destination)
+        .subquery()
+    )
+    rows = session.execute(
+        select(d.destination, d.event_id).join(oldest, oldest.c.id == d.id)
+    ).all()
+    return {row.destination: row.event_id for row in rows}
 
 
 def _iso(moment: datetime | None) -> str | None:
@@ -363,4 +383,7 @@ def ping(services: Services, name: str, *, timeout: float = relay.TIMEOUT) -> Pi
                 error=kw.get("error"),
             ),
         )
-    return Ping(destination.label, event_id, outcome.status, outcome.error or "")
+    answer = outcome.error or ""
+    if outcome.status is not None:  # the body's start, after "HTTP 200: "
+        answer = answer.removeprefix(f"HTTP {outcome.status}").removeprefix(": ")
+    return Ping(destination.label, event_id, outcome.status, answer)

@@ -152,6 +152,8 @@ def test_a_410_disables_the_destination_and_holds_its_other_deliveries(
     status = CliRunner().invoke(main, ["status"])
     assert status.exit_code == 0, status.output
     assert f"destination {HOOK_URL}: DISABLED since" in status.output
+    held = CliRunner().invoke(main, ["deliveries", "list", "--state", "pending"])
+    assert held.output.count("held while the destination is disabled") == 2
     listed = CliRunner().invoke(main, ["deliveries", "list", "--state", "dead"])
     assert "DISABLED" in listed.output
     assert events[0] in listed.output
