@@ -289,7 +289,7 @@ def _requeue(services: Services, event_ids: list[str], key: str | None) -> Reque
             )
             count += int(result.rowcount)  # type: ignore[attr-defined]
             touched.update(targets)
-            relay._summarise(session, event_id, now)
+            relay.summarise(session, event_id, now)
         _fresh_window(session, touched, now)
         disabled = _disabled(session, touched)
         session.commit()

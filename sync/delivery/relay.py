@@ -187,7 +187,7 @@ def _claim(
                 )
             ).scalar_one_or_none(),
         )
-        _summarise(session, event.event_id, now)
+        summarise(session, event.event_id, now)
         session.commit()
     return claim
 
@@ -219,7 +219,7 @@ def _settle(services: Services, claim: destinations.Claim, outcome: destinations
         )
         settled = bool(result.rowcount)  # type: ignore[attr-defined]
         if settled:
-            _summarise(session, claim.event_id, now)
+            summarise(session, claim.event_id, now)
             _note_destination(session, claim.destination, outcome, now)
         session.commit()
     extra = {
@@ -264,7 +264,7 @@ def _note_destination(
     session.execute(update(DestinationState).where(s.destination == destination).values(**values))
 
 
-def _summarise(session: Session, event_id: str, now: datetime) -> None:
+def summarise(session: Session, event_id: str, now: datetime) -> None:
     """Bring the event's state in line with its deliveries."""
     rows = session.execute(
         select(
