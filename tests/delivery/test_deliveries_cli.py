@@ -175,3 +175,33 @@ def test_a_since_time_is_iso_or_an_age() -> None:
     assert parse_time("2d", now=now) == now - timedelta(days=2)
     assert parse_time("2026-12-05T10:00:00", now=now) == datetime(2026, 12, 5, 10, tzinfo=UTC)
     assert parse_time("2026-12-05T10:00:00+01:00", now=now) == datetime(2026, 12, 5, 9, tzinfo=UTC)
+
+
+def test_replay_since_to_one_destination_leaves_the_other_alone(
+    services: Services, cloud: CloudState
+) -> None:
+    """Two destinations of the dataset: a replay to ``crm`` re-sends to crm only."""
+    from dataclasses import replace
+
+    from sync import bootstrap
+
+    crm, archive = Verifying(), Verifying()
+    text = NAMED + (
+        "\n[[datasets.products.destinations]]\n"
+        'url = "https://archive.test/hooks"\n'
+        f'secret_env = "{SECRET_ENV}"\n'
+        'name = "archive"\n'
+    )
+    routed = httpx.MockTransport(
+        lambda request: (archive if request.url.host == "archive.test" else crm)(request)
+    )
+    services = replace(use_datasets(services, text), delivery_transport=routed)
+    bootstrap.use(services)
+    _run_id, events = accept_quietly(services, cloud)
+    relay.relay(services)
+    assert len(crm.accepted) == len(archive.accepted) == 3
+    code, output = cli("deliveries", "replay", "--since", "1h", "--destination", "crm")
+    assert code == 0, output
+    settle(services)
+    assert [event_id for event_id, _ in crm.accepted] == events + events
+    assert [event_id for event_id, _ in archive.accepted] == events
