@@ -78,18 +78,31 @@ class Quality:
     parsers: Mapping[str, str] = field(default_factory=dict)
 
 
+DEFAULT_RETRY_DAYS = 3.0
+DEFAULT_MAX_WAIT_MINUTES = 60.0
+
+
 @dataclass(frozen=True)
 class Destination:
-    """Where a dataset's accepted runs are announced: a signed HTTP POST or a file folder."""
+    """Where a dataset's accepted runs are announced: a signed HTTP POST or a file folder,
+    with how long and how patiently a failing delivery to it is retried."""
 
     url: str | None = None
     secret_env: str | None = None
     path: str | None = None
+    name: str | None = None
+    retry_days: float = DEFAULT_RETRY_DAYS
+    max_wait_minutes: float = DEFAULT_MAX_WAIT_MINUTES
 
     @property
     def key(self) -> str:
         """A stable name for this destination, used in delivery rows."""
         return self.url or f"file:{self.path}"
+
+    @property
+    def label(self) -> str:
+        """How the operator names this destination: its ``name``, else its key."""
+        return self.name or self.key
 
 
 @dataclass(frozen=True)
@@ -212,15 +225,37 @@ def _quality(where: str, raw: Any) -> Quality:
     return quality
 
 
+DESTINATION_KEYS = {"url", "secret_env", "path", "name", "retry_days", "max_wait_minutes"}
+
+
 def _destination(where: str, raw: Any) -> Destination:
     if not isinstance(raw, dict) or not (raw.get("url") or raw.get("path")):
         raise DatasetsFileError(f"{where} needs url (signed HTTP POST) or path (file export)")
-    unknown = set(raw) - {"url", "secret_env", "path"}
+    unknown = set(raw) - DESTINATION_KEYS
     if unknown:
         raise DatasetsFileError(f"{where} has unknown keys {sorted(unknown)}")
     if raw.get("url") and not raw.get("secret_env"):
         raise DatasetsFileError(f"{where} needs secret_env naming the signing secret's variable")
-    return Destination(url=raw.get("url"), secret_env=raw.get("secret_env"), path=raw.get("path"))
+    name = raw.get("name")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise DatasetsFileError(f"{where}.name must be a non-empty text")
+    return Destination(
+        url=raw.get("url"),
+        secret_env=raw.get("secret_env"),
+        path=raw.get("path"),
+        name=name,
+        retry_days=_positive(f"{where}.retry_days", raw.get("retry_days", DEFAULT_RETRY_DAYS)),
+        max_wait_minutes=_positive(
+            f"{where}.max_wait_minutes", raw.get("max_wait_minutes", DEFAULT_MAX_WAIT_MINUTES)
+        ),
+    )
+
+
+def _positive(where: str, value: Any) -> float:
+    """A positive finite number of the datasets file."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise DatasetsFileError(f"{where} must be a positive number, got {value!r}")
+    return float(value)
 
 
 def _dataset(source: str, name: str, raw: Any) -> Dataset:

@@ -101,6 +101,9 @@ class Settings:
     attempts_retention_days: float = 90.0
     outbox_retention_days: float = 30.0
     environment: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    # opens the read-only pages and APIs (/api/events, /api/runs, /api/changes, /metrics,
+    # /status without its actions); the status token opens those and every action
+    read_token: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -147,6 +150,7 @@ class Settings:
                 env, "SCRAPESYNC_OUTBOX_RETENTION_DAYS", 30.0, zero_keeps_all=True
             ),
             environment=dict(env),
+            read_token=env.get("SCRAPESYNC_READ_TOKEN") or None,
         )
 
     def secret(self, name: str) -> str | None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from config.settings import ConfigError, Settings
+from scrapesync.deliveries import deliveries_group
 from scrapesync.terminal import CommandError, Progress, echo, echo_json
 from sync import db, logs
 from sync.bootstrap import Services
@@ -489,4 +490,5 @@ ALL = (
     demo_command,
     export_command,
     diff_command,
+    deliveries_group,
 )

@@ -21,8 +21,8 @@ def evaluate_run(run_id: str) -> str:
 
 
 def deliver(event_id: str) -> dict[str, int]:
-    """Deliver one outbox event to the destinations it is due at."""
-    report = relaying.relay(bootstrap.from_env(), event_id=event_id)
+    """Deliver one outbox event to the destinations it is due at, and what waited behind it."""
+    report = relaying.relay(bootstrap.from_env(), event_id=event_id, follow=True)
     return {"claimed": report.claimed, "delivered": report.delivered}
 
 

@@ -295,6 +295,8 @@ class OutboxEvent(Base):
     next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
     delivered_at: Mapped[datetime | None] = mapped_column(index=True)  # retention
     last_error: Mapped[str | None] = mapped_column(ScrubbedText)
+    # the event's place in the pull feed, given once it is committed, in commit order
+    feed_position: Mapped[int | None] = mapped_column(BigInteger, unique=True)
 
 
 class Delivery(Base):
@@ -312,8 +314,26 @@ class Delivery(Base):
     delivered_at: Mapped[datetime | None]
     last_status: Mapped[int | None] = mapped_column(Integer)
     last_error: Mapped[str | None] = mapped_column(ScrubbedText)
+    last_attempt_at: Mapped[datetime | None]
 
-    __table_args__ = (UniqueConstraint("event_id", "destination"),)
+    __table_args__ = (
+        UniqueConstraint("event_id", "destination"),
+        # the relay's "oldest waiting delivery of this destination" (deliveries queue up)
+        Index("ix_deliveries_destination_state", "destination", "state", "id"),
+    )
+
+
+class DestinationState(Base):
+    """What the relay knows of one destination: since when it keeps failing, and whether it is
+    disabled (it answered 410 Gone) until an operator enables it again."""
+
+    __tablename__ = "destination_states"
+
+    destination: Mapped[str] = mapped_column(String(500), primary_key=True)
+    failing_since: Mapped[datetime | None]
+    disabled_at: Mapped[datetime | None]
+    disabled_reason: Mapped[str | None] = mapped_column(ScrubbedText)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Publication(Base):

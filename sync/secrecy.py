@@ -54,7 +54,7 @@ def register(*secrets: str | None) -> None:
 
 def secrets_of(settings: Settings, datasets: Datasets | None = None) -> list[str]:
     """Every secret a deployment is configured with: tokens and destination signing secrets."""
-    found = [settings.api_token, settings.webhook_token, settings.status_token]
+    found = [settings.api_token, settings.webhook_token, settings.status_token, settings.read_token]
     if datasets is not None:
         for dataset in datasets.by_name.values():
             for destination in dataset.destinations:

@@ -108,6 +108,7 @@ def create_app(services: Services | None = None) -> Flask:
         app.wsgi_app = QuietPool(app.wsgi_app, pool)  # type: ignore[method-assign]
 
     from webhooks.changes import bp as changes_bp
+    from webhooks.events import bp as events_bp
     from webhooks.health import bp as health_bp
     from webhooks.intake import bp as intake_bp
     from webhooks.metrics import bp as metrics_bp
@@ -118,6 +119,7 @@ def create_app(services: Services | None = None) -> Flask:
     app.register_blueprint(status_bp)
     app.register_blueprint(metrics_bp)
     app.register_blueprint(changes_bp)
+    app.register_blueprint(events_bp)
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException) -> tuple[Response, int]:

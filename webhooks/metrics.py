@@ -117,6 +117,16 @@ def _backlog(shown: status.Figures) -> Iterator[Metric]:
         value=_age(shown.now, shown.oldest_lease_at, none=0.0),
     )
     yield GaugeMetricFamily(
+        "scrapesync_destinations_disabled",
+        "Destinations disabled by a 410 Gone until `scrapesync deliveries enable`",
+        value=float(shown.destinations_disabled),
+    )
+    yield GaugeMetricFamily(
+        "scrapesync_destinations_failing",
+        "Destinations whose latest delivery attempt failed (their retry window is running)",
+        value=float(shown.destinations_failing),
+    )
+    yield GaugeMetricFamily(
         "scrapesync_outbox_backlog",
         "Outbox events not yet delivered to every destination",
         value=float(shown.outbox_backlog),

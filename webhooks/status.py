@@ -3,23 +3,20 @@
 ``GET /status`` is an HTML page for a person (each dataset's last publication with what it
 added, removed and changed; runs with coloured states, reasons, partition verdicts; an inline
 SVG chart of records per run; no JavaScript). ``GET /api/runs`` is the same overview as JSON
-for machines. Both need ``SCRAPESYNC_STATUS_TOKEN``: as ``?token=``, as
-``Authorization: Bearer <token>``, or as the password of HTTP basic auth (any user name), so a
-browser can simply ask for it. Without a configured token the pages are off (403).
+for machines. Both open with ``SCRAPESYNC_READ_TOKEN`` or ``SCRAPESYNC_STATUS_TOKEN`` (see
+:mod:`webhooks.access` for how a request carries one). Without a configured token the pages are
+off (403).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hmac
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, render_template, request
+from flask import Blueprint, Response, current_app, jsonify, render_template
 
 from sync.operations import status, status_text
 from sync.states import RunState
-from webhooks import services_of
+from webhooks import access, services_of
 
 bp = Blueprint("status", __name__, template_folder="templates")
 
@@ -35,37 +32,9 @@ CHART_HEIGHT = 150
 CHART_RUNS = 30
 
 
-def _offered_token() -> str | None:
-    """The token the request carries, wherever it carries it."""
-    header = request.headers.get("Authorization", "")
-    scheme, _, value = header.partition(" ")
-    if scheme.lower() == "bearer" and value.strip():
-        return value.strip()
-    if scheme.lower() == "basic" and value.strip():
-        try:
-            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
-            return None
-        return decoded.partition(":")[2] or None
-    return request.args.get("token") or None
-
-
 def _refusal() -> Response | None:
-    """None when the request may see the status; otherwise the answer that says why not."""
-    expected = services_of(current_app).settings.status_token
-    if not expected:
-        response = jsonify(
-            error="Forbidden", detail="the status pages are off: set SCRAPESYNC_STATUS_TOKEN"
-        )
-        response.status_code = 403
-        return response
-    offered = _offered_token()
-    if offered is not None and hmac.compare_digest(offered.encode(), expected.encode()):
-        return None
-    response = jsonify(error="Unauthorized", detail="send the status token")
-    response.status_code = 401
-    response.headers["WWW-Authenticate"] = 'Basic realm="scrapesync status", charset="UTF-8"'
-    return response
+    """None when the request may see the status (the read or the status token)."""
+    return access.refusal(access.Access.READ)
 
 
 def _private(response: Response) -> Response:

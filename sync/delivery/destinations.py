@@ -4,11 +4,18 @@
   ``webhook-timestamp``, ``webhook-signature: v1,<base64 HMAC-SHA256 of id.timestamp.body>``)
   or files in a folder (the published run's export and manifest, and the event itself).
 - Failure classes, decided in :func:`classify` alone: 2xx delivered; 408, 429 (honouring
-  Retry-After), 5xx, timeouts and connection errors retry with capped full-jitter backoff;
-  any other answer is refused for good (``dead``, with the status kept); ``dead`` too once the
-  attempt budget is spent. A send whose fate is unknown (a timeout after the request left, a
-  worker killed before marking it) is sent again with the same event id, so the receiver
-  deduplicates on ``webhook-id``.
+  Retry-After), 5xx, timeouts and connection errors retry on the schedule below; 410 Gone is
+  ``dead`` and disables the destination until an operator enables it again; any other answer is
+  refused for good (``dead``, with the status kept). A send whose fate is unknown (a timeout
+  after the request left, a worker killed before marking it) is sent again with the same event
+  id, so the receiver deduplicates on ``webhook-id``.
+- The retry schedule: after its n-th failed attempt a delivery waits
+  ``min(max_wait, 15 s * 2**(n-1))`` with equal jitter (a random point of the upper half of
+  that wait): 15 s, 30 s, 1, 2, 4, 8, 16 and 32 min, then every 30 to 60 min (``max_wait``
+  defaults to 60 min). Retries go on while the destination's failing streak (from its first
+  failed attempt since it last answered) is younger than ``retry_days`` (default 3); the last
+  attempt is made at that mark exactly, and if it fails the delivery is ``dead``, keeping its
+  last answer. Both are set per destination in the datasets file.
 - Signing secrets come from the environment variable the datasets file names (through
   Settings), as ``whsec_<base64>`` or raw text; they never reach a log line, an error or a row.
 """
@@ -20,8 +27,10 @@ import binascii
 import hashlib
 import hmac
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +42,9 @@ from sync.bootstrap import Services
 from sync.datasets import export
 from sync.states import DeliveryState, EventType
 
-MAX_ATTEMPTS = 12
 BACKOFF_BASE = 15.0
-BACKOFF_CAP = 3600.0
+BACKOFF_CAP = 3600.0  # the default max_wait
+GONE = 410
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the Standard Webhooks prefix, not a secret
 
 
@@ -52,6 +61,11 @@ class Outcome:
     wait: float | None = None
     status: int | None = None
     error: str | None = None
+    # whether this ends the destination's failing streak: it answered (a refusal too), or the
+    # attempt failed for a reason of ours, not of the destination
+    answered: bool = False
+    # 410 Gone: the destination is disabled until an operator enables it again
+    disables: bool = False
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,8 @@ class Claim:
     dataset: str | None
     payload: dict[str, Any]
     created_at: datetime
+    # since when the destination keeps failing (None: it answered its last attempt)
+    failing_since: datetime | None = None
 
 
 def event_body(event_id: str, event_type: str, created_at: datetime, payload: Any) -> bytes:
@@ -116,10 +132,24 @@ def signed_headers(secret: str, event_id: str, timestamp: int, body: bytes) -> d
 # --- failure classes --------------------------------------------------------------------------
 
 
-def backoff(attempts: int, draw: float) -> float:
-    """The delivery's wait after its ``attempts``-th failed attempt (draw in [0, 1)): capped
-    full jitter, never under a second."""
-    return max(1.0, retry.backoff(attempts, draw, base=BACKOFF_BASE, cap=BACKOFF_CAP))
+def backoff(attempts: int, draw: float, *, cap: float = BACKOFF_CAP) -> float:
+    """The wait after a delivery's ``attempts``-th failed attempt (draw in [0, 1)): the nominal
+    ``min(cap, 15 s * 2**(attempts-1))`` with equal jitter, never under a second."""
+    nominal = min(cap, BACKOFF_BASE * 2.0 ** min(max(attempts, 1) - 1, 40))
+    return max(1.0, nominal / 2 + draw * nominal / 2)
+
+
+@dataclass(frozen=True)
+class Patience:
+    """How long and how patiently a failing delivery is retried (one destination's settings)."""
+
+    retry_days: float = 3.0
+    max_wait: float = BACKOFF_CAP
+
+    @classmethod
+    def of(cls, destination: Destination) -> Patience:
+        """A destination's retry settings from the datasets file."""
+        return cls(destination.retry_days, destination.max_wait_minutes * 60.0)
 
 
 def classify(
@@ -129,26 +159,43 @@ def classify(
     draw: float,
     retry_after: float | None = None,
     error: str | None = None,
+    now: datetime | None = None,
+    failing_since: datetime | None = None,
+    patience: Patience = Patience(),
 ) -> Outcome:
     """The one place that decides what a delivery attempt's answer (or its absence) means."""
     if status is not None and 200 <= status < 300:
-        return Outcome(DeliveryState.DELIVERED, status=status)
+        return Outcome(DeliveryState.DELIVERED, status=status, answered=True)
+    if status == GONE:
+        return Outcome(
+            DeliveryState.DEAD,
+            status=status,
+            error=f"{error or 'HTTP 410'}: the destination is gone; disabled until enabled again",
+            answered=True,
+            disables=True,
+        )
     retryable = status is None or status in (408, 429) or status >= 500
     if not retryable:
         return Outcome(
             DeliveryState.DEAD,
             status=status,
             error=f"{error or f'HTTP {status}'}: refused by the destination, not retried",
+            answered=True,
         )
-    if attempts >= MAX_ATTEMPTS:
-        return Outcome(
-            DeliveryState.DEAD,
-            status=status,
-            error=f"{error or 'failed'}: gave up after {attempts} attempts",
-        )
-    wait = backoff(attempts, draw)
+    wait = backoff(attempts, draw, cap=patience.max_wait)
     if retry_after is not None:
         wait = retry_after if status == 429 else max(wait, retry_after)
+    if now is not None:
+        give_up_at = (failing_since or now) + timedelta(days=patience.retry_days)
+        left = (give_up_at - now).total_seconds()
+        if left <= 0:
+            return Outcome(
+                DeliveryState.DEAD,
+                status=status,
+                error=f"{error or 'failed'}: gave up after {attempts} attempts, the destination "
+                f"failing for {patience.retry_days:g} days",
+            )
+        wait = min(wait, left)  # the last attempt is made at the mark exactly
     return Outcome(DeliveryState.FAILED, wait=wait, status=status, error=error)
 
 
@@ -168,41 +215,57 @@ def _destination(services: Services, claim: Claim) -> Destination | None:
 def send(services: Services, client: httpx.Client, claim: Claim) -> Outcome:
     """Make one delivery attempt of a claimed delivery: a signed POST or files in a folder."""
     destination = _destination(services, claim)
-    draw = services.random()
     if destination is None:
-        return Outcome(DeliveryState.DEAD, error="destination is no longer in the datasets file")
+        return Outcome(
+            DeliveryState.DEAD,
+            error="destination is no longer in the datasets file",
+            answered=True,
+        )
+    now = services.clock()
+    judge = partial(
+        classify,
+        attempts=claim.attempts,
+        draw=services.random(),
+        now=now,
+        failing_since=claim.failing_since,
+        patience=Patience.of(destination),
+    )
     if destination.url is None:
-        return _write_files(services, destination, claim, draw)
+        return _write_files(services, destination, claim, judge)
+    body = event_body(claim.event_id, claim.event_type, claim.created_at, claim.payload)
+    return post(services, client, destination, claim.event_id, body, judge)
+
+
+def post(
+    services: Services,
+    client: httpx.Client,
+    destination: Destination,
+    event_id: str,
+    body: bytes,
+    judge: Callable[..., Outcome],
+) -> Outcome:
+    """POST one signed event body to an HTTP destination; ``judge`` (:func:`classify` with the
+    attempt's facts) says what the answer means."""
     secret = services.settings.secret(destination.secret_env or "")
     if secret is None:
-        return classify(
+        return judge(
             None,
-            attempts=claim.attempts,
-            draw=draw,
             error=f"DeliveryConfigError: environment variable {destination.secret_env} is not set",
         )
-    body = event_body(claim.event_id, claim.event_type, claim.created_at, claim.payload)
     now = services.clock()
     try:
-        headers = signed_headers(secret, claim.event_id, int(now.timestamp()), body)
-        response = client.post(destination.url, content=body, headers=headers)
+        headers = signed_headers(secret, event_id, int(now.timestamp()), body)
+        response = client.post(destination.url or "", content=body, headers=headers)
     except DeliveryConfigError as exc:
-        return classify(None, attempts=claim.attempts, draw=draw, error=f"{exc}")
+        return judge(None, error=f"{exc}")
     except httpx.TransportError as exc:
         sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
         kind = "uncertain" if sent else "not sent"
         detail = _scrub(str(exc), secret)
-        return classify(
-            None,
-            attempts=claim.attempts,
-            draw=draw,
-            error=f"{type(exc).__name__} ({kind}){': ' + detail if detail else ''}",
-        )
+        return judge(None, error=f"{type(exc).__name__} ({kind}){': ' + detail if detail else ''}")
     snippet = _scrub(response.text[:200], secret).strip()
-    return classify(
+    return judge(
         response.status_code,
-        attempts=claim.attempts,
-        draw=draw,
         retry_after=retry.retry_after(response.headers.get("retry-after"), now=now.timestamp()),
         error=f"HTTP {response.status_code}{': ' + snippet if snippet else ''}",
     )
@@ -217,7 +280,7 @@ def _scrub(text: str, secret: str) -> str:
 
 
 def _write_files(
-    services: Services, destination: Destination, claim: Claim, draw: float
+    services: Services, destination: Destination, claim: Claim, judge: Callable[..., Outcome]
 ) -> Outcome:
     """A file destination: the published run's export and manifest, and the event itself."""
     folder = Path(destination.path or ".")
@@ -227,9 +290,7 @@ def _write_files(
         body = event_body(claim.event_id, claim.event_type, claim.created_at, claim.payload)
         export.write_atomically(folder / "events" / f"{claim.event_id}.json", body)
     except export.ExportError as exc:
-        return Outcome(DeliveryState.DEAD, error=f"ExportError: {exc}")
+        return Outcome(DeliveryState.DEAD, error=f"ExportError: {exc}", answered=True)
     except OSError as exc:
-        return classify(
-            None, attempts=claim.attempts, draw=draw, error=f"{type(exc).__name__}: {exc}"
-        )
-    return Outcome(DeliveryState.DELIVERED)
+        return judge(None, error=f"{type(exc).__name__}: {exc}")
+    return Outcome(DeliveryState.DELIVERED, answered=True)

@@ -7,6 +7,13 @@ The contract:
   ``attempts`` then fences the outcome write, so a relay that lost its claim writes nothing.
 - What one attempt sends (a signed POST or files in a folder) and what its answer means are
   :mod:`sync.delivery.destinations`' business; the relay records the outcome it returns.
+- Deliveries queue up per destination: only the oldest waiting one (``unsent``, ``failed`` or
+  ``sending``) of a destination is claimed, so a receiver gets its events in order, and while a
+  destination keeps failing only that one spends attempts; the rest wait behind it and follow
+  as soon as it is settled. A destination disabled by a 410 Gone gets nothing until an
+  operator enables it (``scrapesync deliveries enable``).
+- Each destination's failing streak (``destination_states.failing_since``) starts at its first
+  failed attempt since it last answered; the retry schedule counts from it.
 - Delivery states: ``unsent -> sending -> delivered``; ``sending -> failed -> sending``;
   ``-> dead``. The event's ``state`` summarises its deliveries (``dead`` wins, then ``failed``,
   ``sending``, ``unsent``; ``delivered`` when all are). Delivering never re-collects or
@@ -20,13 +27,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from sync import logs
 from sync.bootstrap import Services
+from sync.db import insert
 from sync.delivery import destinations
-from sync.models import Delivery, OutboxEvent
+from sync.models import Delivery, DestinationState, OutboxEvent
 from sync.states import DeliveryState, OutboxState
 
 log = logs.get("outbox")
@@ -48,13 +56,41 @@ class RelayReport:
 
 # --- the relay --------------------------------------------------------------------------------
 
+WAITING = (DeliveryState.UNSENT, DeliveryState.FAILED, DeliveryState.SENDING)
 
-def _due(now: datetime) -> Any:
+
+def _ready(now: datetime) -> Any:
+    """A delivery whose time has come (or whose sending worker died)."""
     d = Delivery.__table__.c
     return or_(
         and_(d.state.in_((DeliveryState.UNSENT, DeliveryState.FAILED)), d.next_attempt_at <= now),
         and_(d.state == DeliveryState.SENDING, d.lease_until < now),
     )
+
+
+def _enabled() -> Any:
+    """A delivery whose destination is not disabled."""
+    disabled = select(DestinationState.destination).where(DestinationState.disabled_at.is_not(None))
+    return Delivery.__table__.c.destination.not_in(disabled)
+
+
+def _behind(states: tuple[str, ...]) -> Any:
+    """A delivery with an older one of its destination in one of ``states``."""
+    d = Delivery.__table__
+    earlier = d.alias("earlier")
+    return exists(
+        select(earlier.c.id).where(
+            earlier.c.destination == d.c.destination,
+            earlier.c.state.in_(states),
+            earlier.c.id < d.c.id,
+        )
+    )
+
+
+def _due(now: datetime) -> Any:
+    """A delivery the relay may claim now: ready, its destination enabled, and the oldest one
+    waiting at its destination."""
+    return and_(_ready(now), _enabled(), ~_behind(WAITING))
 
 
 def relay(
@@ -64,35 +100,53 @@ def relay(
     transport: httpx.BaseTransport | None = None,
     timeout: float = TIMEOUT,
     limit: int = 100,
+    follow: bool | None = None,
 ) -> RelayReport:
-    """Deliver every due delivery (of one event, if given) once; returns what happened."""
+    """Deliver every due delivery (of one event, if given) once; returns what happened. With
+    ``follow`` (the default without an event) a destination whose delivery was settled goes
+    on with the deliveries that waited behind it, up to ``limit`` in all."""
     transport = transport or services.delivery_transport
-    now = services.clock()
-    with services.uow.begin() as session:
-        query = select(Delivery.id).where(_due(now)).order_by(Delivery.id).limit(limit)
-        if event_id is not None:
-            query = query.where(Delivery.event_id == event_id)
-        due = list(session.execute(query).scalars())
+    follow = event_id is None if follow is None else follow
     counts = {"delivered": 0, "failed": 0, "dead": 0}
     claimed = 0
-    if not due:
-        return RelayReport(0, 0, 0, 0)
+    only: set[str] | None = None
     with httpx.Client(
         transport=transport,
         timeout=timeout,
         follow_redirects=False,
         headers={"user-agent": USER_AGENT},
     ) as client:
-        for delivery_id in due:
-            claim = _claim(services, delivery_id, lease_seconds=timeout + LEASE_MARGIN)
-            if claim is None:
-                continue
-            claimed += 1
-            outcome = destinations.send(services, client, claim)
-            services.killpoints.reached("after-delivery-send")
-            if _settle(services, claim, outcome):
-                counts[outcome.state] += 1
+        while claimed < limit:
+            due = _due_ids(services, event_id=event_id, only=only, limit=limit - claimed)
+            moved: set[str] = set()
+            for delivery_id in due:
+                claim = _claim(services, delivery_id, lease_seconds=timeout + LEASE_MARGIN)
+                if claim is None:
+                    continue
+                claimed += 1
+                outcome = destinations.send(services, client, claim)
+                services.killpoints.reached("after-delivery-send")
+                if _settle(services, claim, outcome):
+                    counts[outcome.state] += 1
+                    if outcome.state != DeliveryState.FAILED:
+                        moved.add(claim.destination)
+            if not (follow and moved):
+                break
+            event_id, only = None, moved
     return RelayReport(claimed, counts["delivered"], counts["failed"], counts["dead"])
+
+
+def _due_ids(
+    services: Services, *, event_id: str | None, only: set[str] | None, limit: int
+) -> list[int]:
+    """The deliveries due now (of one event, or of some destinations), oldest first."""
+    with services.uow.begin() as session:
+        query = select(Delivery.id).where(_due(services.clock())).order_by(Delivery.id).limit(limit)
+        if event_id is not None:
+            query = query.where(Delivery.event_id == event_id)
+        if only is not None:
+            query = query.where(Delivery.destination.in_(sorted(only)))
+        return list(session.execute(query).scalars())
 
 
 def _claim(
@@ -108,6 +162,7 @@ def _claim(
                 state=DeliveryState.SENDING,
                 attempts=d.attempts + 1,
                 lease_until=now + timedelta(seconds=lease_seconds),
+                last_attempt_at=now,
             )
             .returning(d.attempts, d.event_id, d.destination)
         ).one_or_none()
@@ -126,8 +181,13 @@ def _claim(
             dataset=event.dataset,
             payload=dict(event.payload),
             created_at=event.created_at,
+            failing_since=session.execute(
+                select(DestinationState.failing_since).where(
+                    DestinationState.destination == row.destination
+                )
+            ).scalar_one_or_none(),
         )
-        _summarise(session, event.event_id, now)
+        summarise(session, event.event_id, now)
         session.commit()
     return claim
 
@@ -159,7 +219,8 @@ def _settle(services: Services, claim: destinations.Claim, outcome: destinations
         )
         settled = bool(result.rowcount)  # type: ignore[attr-defined]
         if settled:
-            _summarise(session, claim.event_id, now)
+            summarise(session, claim.event_id, now)
+            _note_destination(session, claim.destination, outcome, now)
         session.commit()
     extra = {
         "event_id": claim.event_id,
@@ -175,12 +236,35 @@ def _settle(services: Services, claim: destinations.Claim, outcome: destinations
         log.info("delivery.delivered", extra=extra)
     else:
         log.warning(f"delivery.{outcome.state}", extra=extra)
+    if settled and outcome.disables:
+        log.warning("destination.disabled", extra=extra)
     if settled and outcome.state == DeliveryState.FAILED:
         services.dispatcher.delivery(claim.event_id, at=next_at, suffix=f"a{claim.attempts}")
     return settled
 
 
-def _summarise(session: Session, event_id: str, now: datetime) -> None:
+def _note_destination(
+    session: Session, destination: str, outcome: destinations.Outcome, now: datetime
+) -> None:
+    """Keep the destination's failing streak (and a 410's disabling) in line with an outcome."""
+    session.execute(
+        insert(session, DestinationState)
+        .values(destination=destination, updated_at=now)
+        .on_conflict_do_nothing(index_elements=["destination"])
+    )
+    s = DestinationState.__table__.c
+    values: dict[str, Any] = {"updated_at": now}
+    if outcome.answered:
+        values["failing_since"] = None
+    else:
+        values["failing_since"] = func.coalesce(s.failing_since, now)
+    if outcome.disables:
+        values["disabled_at"] = now
+        values["disabled_reason"] = outcome.error
+    session.execute(update(DestinationState).where(s.destination == destination).values(**values))
+
+
+def summarise(session: Session, event_id: str, now: datetime) -> None:
     """Bring the event's state in line with its deliveries."""
     rows = session.execute(
         select(
@@ -220,8 +304,10 @@ def _summarise(session: Session, event_id: str, now: datetime) -> None:
 
 
 def due_deliveries(session: Session, *, now: datetime) -> int:
-    """How many deliveries are due now, including ``sending`` ones whose worker died."""
-    return int(session.execute(select(func.count()).where(_due(now))).scalar_one())
+    """How many deliveries are due now, including ``sending`` ones whose worker died and those
+    queued behind an older one that is not waiting out a failure."""
+    waiting = and_(_ready(now), _enabled(), ~_behind((DeliveryState.FAILED,)))
+    return int(session.execute(select(func.count()).where(waiting)).scalar_one())
 
 
 def redrive(services: Services) -> int:

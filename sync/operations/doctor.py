@@ -118,7 +118,14 @@ def diagnose(
     if datasets is not None:
         for dataset in datasets:
             checks.extend(_secret_checks(settings, dataset))
+        if checks_passed(checks, "database"):
+            checks.extend(_disabled_destinations(settings, datasets))
     return Report(tuple(checks))
+
+
+def checks_passed(checks: Iterable[Check], name: str) -> bool:
+    """Whether the check of this name ran and passed."""
+    return any(check.name == name and check.ok for check in checks)
 
 
 # --- configuration --------------------------------------------------------------------------
@@ -380,3 +387,34 @@ def _secret_checks(settings: Settings, dataset: Dataset) -> Iterator[Check]:
             yield Check(name, False, f"{destination.secret_env}: {exc}", "fix the secret's value")
             continue
         yield Check(name, True, f"signing secret {destination.secret_env} is set")
+
+
+def _disabled_destinations(settings: Settings, datasets: Datasets) -> Iterator[Check]:
+    """A destination that answered 410 Gone is disabled until an operator enables it."""
+    from sqlalchemy import select
+
+    from sync import db
+    from sync.models import DestinationState
+
+    labels = {d.key: d.label for dataset in datasets for d in dataset.destinations}
+    engine = db.make_engine(settings.database_url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                select(DestinationState.__table__).where(DestinationState.disabled_at.is_not(None))
+            ).all()
+    except SQLAlchemyError:
+        return
+    finally:
+        engine.dispose()
+    for row in rows:
+        if row.destination not in labels:
+            continue  # no longer in the datasets file: nothing is sent to it anyway
+        label = labels[row.destination]
+        yield Check(
+            f"destination {label}",
+            False,
+            f"disabled since {row.disabled_at:%Y-%m-%d %H:%M} UTC: {row.disabled_reason}",
+            f"point it at a live receiver, then `scrapesync deliveries enable {label}`; "
+            f"`scrapesync deliveries list --destination {label}` shows what waits",
+        )

@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from sync.bootstrap import Services
+from sync.delivery import backlog
 from sync.models import (
     Attempt,
     Delivery,
@@ -326,6 +327,9 @@ class Figures:
     last_reconcile: LastReconcile | None
     last_maintenance_at: datetime | None
     last_maintenance: heartbeat.Beat | None
+    # destinations a 410 Gone disabled, and those failing now (their retry windows running)
+    destinations_disabled: int = 0
+    destinations_failing: int = 0
 
     @property
     def outbox_backlog(self) -> int:
@@ -367,6 +371,8 @@ def figures(session: Session, now: datetime) -> Figures:
         last_reconcile=_latest_reconcile(session),
         last_maintenance_at=heartbeat.last(session),
         last_maintenance=heartbeat.latest(session),
+        destinations_disabled=backlog.count_destinations(session, disabled=True),
+        destinations_failing=backlog.count_destinations(session, disabled=False),
     )
 
 
@@ -472,8 +478,10 @@ def overview(services: Services, *, limit: int = 50) -> dict[str, Any]:
             "publications": _publications(session),
         }
         shown = figures(session, now)
+        destinations = backlog.destination_rows(session, services)
     values["tasks"] = _tasks(shown)
     values["outbox"] = _outbox(shown)
+    values["destinations"] = destinations
     values["last_reconcile"] = _last_reconcile(shown)
     values["maintenance"] = _maintenance(shown, services.settings.sweep_interval)
     values["api_budget"] = {

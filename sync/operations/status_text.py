@@ -40,6 +40,7 @@ def format_table(values: dict[str, Any]) -> str:
     lines.append("")
     lines.append(_tasks_line(values["tasks"]))
     lines.append(_outbox_line(values["outbox"]))
+    lines.extend(destination_lines(values.get("destinations") or []))
     lines.append(_reconcile_line(values["last_reconcile"]))
     lines.append(_maintenance_line(values["maintenance"]))
     lines.append(_budget_line(values["api_budget"]))
@@ -150,3 +151,20 @@ def _budget_line(budget: dict[str, Any]) -> str:
         f"API budget: {remaining} of {budget['limit']} calls left in this "
         f"{budget['window_seconds']:.0f} s window"
     )
+
+
+def destination_lines(destinations: list[dict[str, Any]]) -> list[str]:
+    """A line for each destination that is disabled or keeps failing."""
+    lines = []
+    for d in destinations:
+        if d["disabled_at"]:
+            lines.append(
+                f"destination {d['destination']}: DISABLED since {d['disabled_at']} "
+                f"({d['disabled_reason']}); `scrapesync deliveries enable {d['destination']}`"
+            )
+        else:
+            lines.append(
+                f"destination {d['destination']}: failing since {d['failing_since']}; "
+                f"`scrapesync deliveries list --destination {d['destination']}`"
+            )
+    return lines

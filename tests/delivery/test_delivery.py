@@ -226,19 +226,27 @@ def test_a_destination_answering_400_is_failed_for_good_and_visible(
         assert relay.due_deliveries(session, now=services.clock() + timedelta(days=90)) == 0
 
 
-def test_a_delivery_that_keeps_failing_ends_dead_after_its_budget(
+def test_a_delivery_that_keeps_failing_ends_dead_after_its_retry_window(
     services: Services, cloud: CloudState, receiver: Receiver
 ) -> None:
-    """After MAX_ATTEMPTS server errors the delivery gives up, saying how many it made."""
+    """Server errors are retried for the destination's retry window (3 days by default), the
+    last attempt at the mark exactly; then the delivery is dead, keeping its last answer."""
     _run_id, events = accept_quietly(services, cloud)
-    receiver.plan = [503] * destinations.MAX_ATTEMPTS
-    clock = services
-    for _ in range(destinations.MAX_ATTEMPTS):
+    receiver.status = 503
+    start = services.clock()
+    clock = at_time(services, start)
+    for _ in range(500):
         relay.relay(clock, event_id=events[0])
-        clock = at_time(services, deliveries(services)[0].next_attempt_at + timedelta(seconds=1))
-    row = deliveries(services)[0]
-    assert (row.state, row.attempts) == ("dead", destinations.MAX_ATTEMPTS)
-    assert f"gave up after {destinations.MAX_ATTEMPTS} attempts" in row.last_error
+        row = deliveries(services)[0]
+        if row.state == "dead":
+            break
+        clock = at_time(services, row.next_attempt_at)
+    assert row.state == "dead"
+    assert row.last_attempt_at - start == timedelta(days=3)
+    assert row.last_status == 503
+    assert f"gave up after {row.attempts} attempts" in row.last_error
+    assert "HTTP 503: no thanks" in row.last_error
+    assert 72 <= row.attempts <= 160  # 15 s doubling, then every 30 to 60 min
 
 
 def test_a_delivery_lost_between_sending_and_marking_is_sent_again_with_the_same_id(
