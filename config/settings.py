@@ -101,6 +101,8 @@ class Settings:
     attempts_retention_days: float = 90.0
     outbox_retention_days: float = 30.0
     environment: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
+    # where e-mail alerts are sent from: smtp://user:password@host:port (smtps:// for TLS)
+    smtp_url: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -147,6 +149,7 @@ class Settings:
                 env, "SCRAPESYNC_OUTBOX_RETENTION_DAYS", 30.0, zero_keeps_all=True
             ),
             environment=dict(env),
+            smtp_url=env.get("SCRAPESYNC_SMTP_URL") or None,
         )
 
     def secret(self, name: str) -> str | None:
