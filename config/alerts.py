@@ -61,7 +61,7 @@ def parse_duration(where: str, value: Any) -> float:
     """A duration: seconds as a number, or text such as ``"90s"``, ``"30m"``, ``"6h"``,
     ``"2d"``, ``"1w"``, ``"1h30m"``."""
     if isinstance(value, bool):
-        raise AlertsConfigError(f"{where} must be a duration such as \"6h\", got {value!r}")
+        raise AlertsConfigError(f'{where} must be a duration such as "6h", got {value!r}')
     if isinstance(value, int | float):
         seconds = float(value)
     elif isinstance(value, str) and _DURATION.match(value.strip().lower()):
@@ -69,8 +69,7 @@ def parse_duration(where: str, value: Any) -> float:
         seconds = sum(float(n) * _UNITS[unit] for n, unit in parts)
     else:
         raise AlertsConfigError(
-            f"{where} must be a duration such as \"30m\", \"6h\" or \"2d\" (or seconds), "
-            f"got {value!r}"
+            f'{where} must be a duration such as "30m", "6h" or "2d" (or seconds), got {value!r}'
         )
     if not 0 < seconds < float("inf"):
         raise AlertsConfigError(f"{where} must be longer than nothing, got {value!r}")
@@ -144,4 +143,6 @@ def parse_channels(where: str, raw: Any, known: frozenset[str]) -> tuple[AlertCh
         return ()
     if not isinstance(raw, list):
         raise AlertsConfigError(f"{where}: alerts must be an array of tables ([[alerts]])")
-    return tuple(parse_channel(f"{where}: [[alerts]] #{i + 1}", r, known) for i, r in enumerate(raw))
+    return tuple(
+        parse_channel(f"{where}: [[alerts]] #{i + 1}", r, known) for i, r in enumerate(raw)
+    )

@@ -421,6 +421,8 @@ class AlertCondition(Base):
     last_alerted_at: Mapped[datetime | None]
     messages: Mapped[int] = mapped_column(Integer, default=0)
     subject: Mapped[str | None] = mapped_column(String(200))
+    # the last message it had to say (sent later if the alert interval held it back)
+    notice: Mapped[dict[str, Any] | None] = mapped_column(ScrubbedPayload)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     __table_args__ = (UniqueConstraint("dataset", "reason"),)

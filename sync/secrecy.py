@@ -3,10 +3,10 @@ CLI output passes through :func:`scrub`.
 
 A secret is any configured credential: the Cloud API token, the notification (webhook) token,
 the status token, every destination's signing secret, and the alert channels' credentials (a
-Slack-style webhook URL, a signing secret, the SMTP URL's password). The composition root registers them
-once per process (:func:`register_settings`); the Cloud client registers the token it is given.
-:func:`scrub` replaces each of them, raw or in its URL-encoded or JSON-escaped spellings, and any
-``api_token=`` query value, with ``***``.
+Slack-style webhook URL, a signing secret, the SMTP URL's password). The composition root
+registers them once per process (:func:`register_settings`); the Cloud client registers the
+token it is given. :func:`scrub` replaces each of them, raw or in its URL-encoded or
+JSON-escaped spellings, and any ``api_token=`` query value, with ``***``.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sync import logs
+from sync.alerts import watch
 from sync.bootstrap import Services
 from sync.delivery import relay
 from sync.ingest import sweeper
@@ -79,6 +80,7 @@ STEPS: tuple[tuple[str, Callable[[Services], dict[str, int] | int | bool]], ...]
     ("evaluations", due.redrive),
     ("deliveries_due", relay.redrive),
     ("reconcile_queued", reconciliation.schedule),
+    ("alerts", watch.check),
     # retention last: what is due is queued before anything is deleted, and each table is its
     # own step, so that one which cannot take its locks leaves the others to go on
     ("observations_pruned", retention.prune_observations),

@@ -25,9 +25,7 @@ def _payload() -> sa.types.TypeEngine[object]:
 
 
 def _id() -> sa.Column[int]:
-    return sa.Column(
-        "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False
-    )
+    return sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False)
 
 
 def upgrade() -> None:
@@ -42,6 +40,7 @@ def upgrade() -> None:
         sa.Column("last_alerted_at", sa.DateTime(), nullable=True),
         sa.Column("messages", sa.Integer(), nullable=False),
         sa.Column("subject", sa.String(length=200), nullable=True),
+        sa.Column("notice", _payload(), nullable=True),
         sa.Column("updated_at", sa.DateTime(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_alert_conditions")),
         sa.UniqueConstraint("dataset", "reason", name=op.f("uq_alert_conditions_dataset")),
