@@ -117,6 +117,14 @@ def slack() -> Iterator[Receiver]:
 
 
 @pytest.fixture
+def loopback() -> Iterator[Receiver]:
+    """The dataset's signed destination on a loopback port, answering 204."""
+    found = Receiver(secret=SECRET)
+    with found.serve():
+        yield found
+
+
+@pytest.fixture
 def datasets() -> Datasets:
     """The acceptance dataset, with a Slack-style channel and an e-mail channel."""
     return datasets_from(ALERTS_TOML + DATASETS_TOML)
