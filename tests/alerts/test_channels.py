@@ -1,0 +1,230 @@
+"""Alert channels as an operator meets them: the datasets file refuses a bad ``[[alerts]]``
+entry with a clear error, a channel limited to some datasets hears only of them, dead
+deliveries and stale datasets are told by the maintenance pass once per interval, and no secret
+(a Slack-style URL's token, the SMTP password) reaches a message, a row or a log line."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from flask import Flask
+from redis import Redis
+from sqlalchemy import select
+
+from config.datasets import DatasetsFileError, parse_datasets
+from simulator import CloudState, SimServer
+from sync import logs
+from sync.alerts import sender, watch
+from sync.bootstrap import Services
+from sync.models import Alert, AlertCondition
+from tests.acceptance.flow import (
+    DATASETS_TOML,
+    finished_job,
+    product_records,
+    run_id_of,
+    settle,
+    use_datasets,
+)
+from tests.alerts.conftest import ALERT_SECRETS, ALERTS_TOML, SLACK_ENV, Mailbox
+from tests.fakes import Receiver
+from tests.harness import at_time, notify
+from tests.operations.test_doctor import GOOD_DATASETS, account, checks, doctor  # noqa: F401
+
+pytestmark = [pytest.mark.redis, pytest.mark.postgres]
+
+
+@pytest.fixture
+def log_text() -> Iterator[io.StringIO]:
+    """Every line scrapesync's and RQ's loggers write, as the JSON formatter renders it."""
+    logs.configure()
+    sink = io.StringIO()
+    handler = logging.StreamHandler(sink)
+    handler.setFormatter(logs.JsonFormatter())
+    watched = [logging.getLogger(name) for name in ("scrapesync", "rq.worker", "httpx")]
+    for logger in watched:
+        logger.addHandler(handler)
+    yield sink
+    for logger in watched:
+        logger.removeHandler(handler)
+
+
+def alert_rows(services: Services) -> list[Alert]:
+    """Every alert row, oldest first (detached plain objects)."""
+    with services.uow.begin() as session:
+        rows = list(session.execute(select(Alert).order_by(Alert.id)).scalars())
+        session.expunge_all()
+        return rows
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ('kind = "pager"', "kind must be one of ('slack', 'webhook', 'email'), got 'pager'"),
+        ('kind = "slack"', "needs url_env, the name of the environment variable"),
+        ('kind = "slack"\nurl = "https://hooks.example/x"', "unknown keys ['url']"),
+        ('kind = "webhook"\nurl = "https://ops.example/h"', "needs secret_env"),
+        ('kind = "email"\nto = "ops@example.com"', "to must be a non-empty list of e-mail"),
+        ('kind = "email"\nto = ["ops"]', "to must hold e-mail addresses"),
+        (
+            'kind = "email"\nto = ["ops@example.com"]\ndatasets = ["prices"]',
+            "datasets names unknown datasets ['prices'] (known: products)",
+        ),
+    ],
+)
+def test_a_bad_alerts_entry_is_refused_naming_the_file_the_entry_and_the_key(
+    entry: str, message: str
+) -> None:
+    """Each mistake in an ``[[alerts]]`` entry is an error that says where and what."""
+    with pytest.raises(DatasetsFileError) as refused:
+        parse_datasets(f"[[alerts]]\n{entry}\n" + DATASETS_TOML, source="datasets.toml")
+    assert "datasets.toml: [[alerts]] #1" in str(refused.value)
+    assert message in str(refused.value)
+
+
+def test_alert_timings_are_durations_and_stale_after_defaults_by_window() -> None:
+    """``alert_interval`` and ``stale_after`` read "6h"-style durations; a daily dataset goes
+    stale after two days unless told otherwise, a per-job one never; nonsense is refused."""
+    daily = DATASETS_TOML.replace('window = "job"', 'window = "daily"')
+    parsed = parse_datasets('alert_interval = "1h30m"\n' + daily)
+    assert parsed.alert_interval == 5400
+    assert parsed.get("products").stale_after == 2 * 86400
+    assert parse_datasets(DATASETS_TOML).get("products").stale_after is None
+    off = daily.replace('policy = "reject"', 'policy = "reject"\nstale_after = "off"')
+    assert parse_datasets(off).get("products").stale_after is None
+    with pytest.raises(DatasetsFileError, match=r"alert_interval must be a duration"):
+        parse_datasets('alert_interval = "soon"\n' + DATASETS_TOML)
+    bad = DATASETS_TOML.replace('policy = "reject"', 'policy = "reject"\nstale_after = -5')
+    with pytest.raises(DatasetsFileError, match=r"\[datasets.products\].stale_after"):
+        parse_datasets(bad)
+
+
+def test_no_secret_reaches_a_message_a_row_or_a_log_line(
+    web: Flask,
+    services: Services,
+    cloud: CloudState,
+    slack: Receiver,
+    mailbox: Mailbox,
+    log_text: io.StringIO,
+) -> None:
+    """The Slack-style receiver first fails echoing its own URL: the retry is stored and logged
+    with the token masked; messages, mails and rows never hold the token or the SMTP password."""
+    slack.plan = [lambda: httpx.Response(500, text=f"cannot route {slack.url}")]
+    job_id = finished_job(cloud, product_records(40, garbage="beta.example"))
+    notify(web, job_id)
+    settle(services)
+    failed = next(a for a in alert_rows(services) if a.channel == f"slack:{SLACK_ENV}")
+    assert failed.state == "failed"
+    assert failed.last_error is not None and "***" in failed.last_error
+    later = at_time(services, services.clock() + timedelta(hours=2))
+    assert sender.send_due(later).delivered == 1
+    assert [a.state for a in alert_rows(services)] == ["delivered", "delivered"]
+    assert len(slack.requests) == 2 and len(mailbox.messages) == 1
+    seen = [
+        log_text.getvalue(),
+        *(r.content.decode() for r in slack.requests),
+        *(m.as_string() for m in mailbox.messages),
+        *(f"{a.text} {a.details} {a.last_error} {a.command}" for a in alert_rows(services)),
+    ]
+    for text in seen:
+        for secret in ALERT_SECRETS:
+            assert secret not in text
+
+
+def test_a_channel_limited_to_other_datasets_hears_nothing_of_this_one(
+    web: Flask, services: Services, cloud: CloudState, slack: Receiver, mailbox: Mailbox
+) -> None:
+    """The e-mail channel is limited to a dataset that is not this run's: only Slack is told."""
+    other = DATASETS_TOML.replace(
+        "[datasets.products]",
+        "[datasets.prices]\nsitemap = 'prices'\nentity_key = ['sku']\n[datasets.products]",
+        1,
+    )
+    services = use_datasets(services, ALERTS_TOML.replace('["products"]', '["prices"]') + other)
+    notify(web, finished_job(cloud, product_records(40, garbage="beta.example")))
+    settle(services)
+    assert len(slack.requests) == 1
+    assert mailbox.messages == []
+
+
+def test_a_dead_delivery_and_a_stale_dataset_are_told_by_the_maintenance_pass(
+    web: Flask,
+    services: Services,
+    cloud: CloudState,
+    receiver: Receiver,
+    slack: Receiver,
+    mailbox: Mailbox,
+) -> None:
+    """A destination that answers 410 Gone leaves its delivery dead: the pass tells the channels
+    once per interval while it lasts; a dataset with no accepted run for longer than its
+    ``stale_after`` is told too, and recovers when a run is accepted."""
+    stale = DATASETS_TOML.replace('policy = "reject"', 'policy = "reject"\nstale_after = "1h"')
+    services = use_datasets(services, ALERTS_TOML + stale)
+    receiver.status = 410
+    job_id = finished_job(cloud, product_records(40))
+    notify(web, job_id)
+    settle(services)
+    now = services.clock()
+    assert watch.check(services)["alerts_written"] == 2
+    sender.send_due(services)
+    (dead,) = [r.body["text"] for r in slack.requests]
+    assert "delivery(ies) of dataset products are dead" in dead
+    assert "destination gone (HTTP 410): it is disabled" in dead
+    assert "More: scrapesync status" in dead
+    assert len(mailbox.messages) == 1
+    assert watch.check(at_time(services, now + timedelta(minutes=30)))["alerts_written"] == 0
+
+    late = at_time(services, now + timedelta(hours=3))
+    assert watch.check(late)["alerts_written"] == 2  # stale: one message per channel
+    sender.send_due(late)
+    assert "dataset products is stale: no accepted run for 3h" in slack.requests[-1].body["text"]
+    later = at_time(services, now + timedelta(hours=7))
+    assert watch.check(later)["alerts_written"] == 2  # the dead delivery again, an interval on
+    sender.send_due(later)
+    assert "are dead" in slack.requests[-1].body["text"]
+    assert len(slack.requests) == 3
+    receiver.status = 204
+    notify(web, finished_job(cloud, product_records(40, start=40)))
+    settle(services)
+    with services.uow.begin() as session:
+        conditions = {c.reason: c.firing for c in session.execute(select(AlertCondition)).scalars()}
+    assert conditions == {"delivery_dead": True, "stale": False}
+    assert any("recovered from a stale spell" in r.body["text"] for r in slack.requests)
+
+
+@pytest.mark.slow
+def test_doctor_checks_that_each_channels_variables_are_set(
+    tmp_path: Path,
+    database_url: str,
+    account: SimServer,
+    redis_conn: Redis,  # noqa: F811
+) -> None:
+    """A channel whose variable is missing fails the doctor, naming the variable, not a value."""
+    with_alerts = ALERTS_TOML + GOOD_DATASETS
+    done = doctor(tmp_path, database_url, account, with_alerts, "--json")
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = checks(done)
+    assert report[f"alert channel slack:{SLACK_ENV}"]["ok"] is False
+    assert f"set {SLACK_ENV}" in report[f"alert channel slack:{SLACK_ENV}"]["hint"]
+    assert report["alert channel email:ops@example.com"]["detail"].startswith(
+        "SCRAPESYNC_SMTP_URL is not set"
+    )
+    fine = doctor(
+        tmp_path,
+        database_url,
+        account,
+        with_alerts,
+        "--json",
+        **{
+            SLACK_ENV: "https://hooks.example/services/T0/B0/secret-token-123456",
+            "SCRAPESYNC_SMTP_URL": "smtp://u:secret-pass@127.0.0.1:2525",
+        },
+    )
+    assert fine.returncode == 0, fine.stdout
+    assert "secret-token-123456" not in fine.stdout and "secret-pass" not in fine.stdout
