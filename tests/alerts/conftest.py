@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import SMTP as SMTPServer  # noqa: N811 - aiosmtpd's name for its server
 from aiosmtpd.smtp import AuthResult, Envelope, LoginPassword, Session
-from aiosmtpd.smtp import SMTP as SMTPServer
 
 from config.datasets import Datasets
 from sync import bootstrap, secrecy
@@ -58,7 +58,9 @@ class Mailbox:
         """The SCRAPESYNC_SMTP_URL of this server."""
         return f"smtp://{SMTP_USER}:{SMTP_PASSWORD}@127.0.0.1:{self.port}"
 
-    async def handle_DATA(self, server: SMTPServer, session: Session, envelope: Envelope) -> str:
+    async def handle_DATA(  # noqa: N802 - the hook name aiosmtpd calls
+        self, server: SMTPServer, session: Session, envelope: Envelope
+    ) -> str:
         """Keep the message."""
         content = envelope.original_content or b""
         self.messages.append(message_from_bytes(content))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -28,7 +27,6 @@ from tests.acceptance.flow import (
     DATASETS_TOML,
     finished_job,
     product_records,
-    run_id_of,
     settle,
     use_datasets,
 )
@@ -121,11 +119,13 @@ def test_no_secret_reaches_a_message_a_row_or_a_log_line(
     settle(services)
     failed = next(a for a in alert_rows(services) if a.channel == f"slack:{SLACK_ENV}")
     assert failed.state == "failed"
-    assert failed.last_error is not None and "***" in failed.last_error
+    assert failed.last_error is not None
+    assert "***" in failed.last_error
     later = at_time(services, services.clock() + timedelta(hours=2))
     assert sender.send_due(later).delivered == 1
     assert [a.state for a in alert_rows(services)] == ["delivered", "delivered"]
-    assert len(slack.requests) == 2 and len(mailbox.messages) == 1
+    assert len(slack.requests) == 2
+    assert len(mailbox.messages) == 1
     seen = [
         log_text.getvalue(),
         *(r.content.decode() for r in slack.requests),
@@ -202,8 +202,8 @@ def test_a_dead_delivery_and_a_stale_dataset_are_told_by_the_maintenance_pass(
 def test_doctor_checks_that_each_channels_variables_are_set(
     tmp_path: Path,
     database_url: str,
-    account: SimServer,
-    redis_conn: Redis,  # noqa: F811
+    account: SimServer,  # noqa: F811 - the doctor tests' Cloud account fixture
+    redis_conn: Redis,
 ) -> None:
     """A channel whose variable is missing fails the doctor, naming the variable, not a value."""
     with_alerts = ALERTS_TOML + GOOD_DATASETS
@@ -227,4 +227,5 @@ def test_doctor_checks_that_each_channels_variables_are_set(
         },
     )
     assert fine.returncode == 0, fine.stdout
-    assert "secret-token-123456" not in fine.stdout and "secret-pass" not in fine.stdout
+    assert "secret-token-123456" not in fine.stdout
+    assert "secret-pass" not in fine.stdout

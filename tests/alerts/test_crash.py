@@ -82,7 +82,8 @@ def test_a_worker_killed_between_verdict_and_alert_sends_it_once_after_restart(
         ("email:ops@example.com", "unsent"),
         (f"slack:{SLACK_ENV}", "unsent"),
     ]
-    assert slack.requests == [] and mailbox.messages == []
+    assert slack.requests == []
+    assert mailbox.messages == []
     time.sleep(SWEEP_SECONDS)  # the killed worker's maintenance turn is over
     recovered = run_worker(env)
     assert recovered.returncode == 0, recovered.stderr[-2000:]
