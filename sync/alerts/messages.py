@@ -69,7 +69,7 @@ def run_rejected(
                 f"{p} ({v.get('records', 0)} records)" for p, v in sorted(quarantined.items())
             )
         )
-    lines.append(f"The last accepted run stays published. More: {command}")
+    lines.append(f"It is not published: readers keep the last accepted run. More: {command}")
     return Notice(
         "\n".join(lines),
         command,

@@ -229,3 +229,23 @@ def test_doctor_checks_that_each_channels_variables_are_set(
     assert fine.returncode == 0, fine.stdout
     assert "secret-token-123456" not in fine.stdout
     assert "secret-pass" not in fine.stdout
+
+
+def test_a_task_cloud_will_not_let_us_read_is_told_with_the_answer(
+    web: Flask, services: Services, cloud: CloudState, slack: Receiver, mailbox: Mailbox
+) -> None:
+    """Cloud answers 401 (the token was rotated): the quarantined task is told to every channel
+    with Cloud's answer and what to do; nothing is told twice within the interval."""
+    job_id = finished_job(cloud, product_records(40))
+    cloud.api_token = "a-rotated-token"
+    notify(web, job_id)
+    settle(services)
+    watch.check(services)
+    watch.check(services)
+    sender.send_due(services)
+    (text,) = [r.body["text"] for r in slack.requests]
+    assert f"job {job_id} quarantined" in text
+    assert "401" in text
+    assert "scrapesync sync JOB_ID --force" in text
+    assert "More: scrapesync status" in text
+    assert len(mailbox.messages) == 1
