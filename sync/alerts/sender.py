@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 
 from sync import logs, retry
 from sync.alerts import channels
@@ -191,3 +191,28 @@ def _log(
         log.info("alert.sent", extra=extra)
     else:
         log.warning(f"alert.{state}", extra=extra)
+
+
+PRUNE_BATCH = 1000
+
+
+def prune(services: Services) -> int:
+    """Delete alert messages sent before the outbox's retention period (one bounded batch per
+    pass; unsent, failed and dead ones stay); returns how many went."""
+    days = services.settings.outbox_retention_days
+    if not days:
+        return 0
+    before = services.clock() - timedelta(days=days)
+    a = Alert.__table__.c
+    with services.uow.begin() as session:
+        batch = (
+            select(a.id)
+            .where(a.state == DeliveryState.DELIVERED, a.sent_at < before)
+            .order_by(a.id)
+            .limit(PRUNE_BATCH)
+        )
+        ids = list(session.execute(batch).scalars())
+        if ids:
+            session.execute(delete(Alert).where(a.id.in_(ids)))
+        session.commit()
+    return len(ids)

@@ -1,9 +1,9 @@
 """Maintenance that cannot stop: every worker process runs the maintenance pass on its own timer.
 
 The pass sweeps lost, expired and due sync tasks back onto the queue, queues the evaluations and
-deliveries that are due, queues a reconcile pass once per reconcile interval, and deletes what
-retention lets go (a few bounded batches per table; see ``sync.operations.retention``). It runs in a
-daemon thread of each worker's main process, on a plain timer: it depends neither on RQ's
+deliveries that are due, queues a reconcile pass once per reconcile interval, raises and settles
+the alerts it watches (``sync.alerts.watch``), and deletes what retention lets go (a few bounded
+batches per table; see ``sync.operations.retention``). It runs in a daemon thread of each worker's main process, on a plain timer: it depends neither on RQ's
 scheduler nor on anything stored only in Redis, so a dead scheduler's lock, a flushed or
 restarted Redis, or a database restart cannot end it. Every step reads what is due from SQL and
 every queuing is idempotent, so an extra pass is harmless.
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sync import logs
+from sync.alerts import sender as alert_sender
 from sync.alerts import watch
 from sync.bootstrap import Services
 from sync.delivery import relay
@@ -87,6 +88,7 @@ STEPS: tuple[tuple[str, Callable[[Services], dict[str, int] | int | bool]], ...]
     ("notifications_pruned", retention.prune_notifications),
     ("attempts_pruned", retention.prune_attempts),
     ("outbox_pruned", retention.prune_outbox),
+    ("alerts_pruned", alert_sender.prune),
 )
 
 

@@ -23,6 +23,7 @@ from sync import logs
 from sync.alerts import sender, watch
 from sync.bootstrap import Services
 from sync.models import Alert, AlertCondition
+from sync.operations import maintenance
 from tests.acceptance.flow import (
     DATASETS_TOML,
     finished_job,
@@ -249,3 +250,23 @@ def test_a_task_cloud_will_not_let_us_read_is_told_with_the_answer(
     assert "scrapesync sync JOB_ID --force" in text
     assert "More: scrapesync status" in text
     assert len(mailbox.messages) == 1
+
+
+def test_sent_alerts_are_let_go_with_the_outbox_retention_and_unsent_ones_never(
+    web: Flask, services: Services, cloud: CloudState, slack: Receiver
+) -> None:
+    """Alert messages sent more than the outbox retention ago are deleted by the maintenance
+    pass; one still failing stays whatever its age."""
+    slack.status = 503
+    notify(web, finished_job(cloud, product_records(40, garbage="beta.example")))
+    settle(services)
+    later = at_time(services, services.clock() + timedelta(days=31))
+    assert alert_sender_prune(later) == 1  # the e-mail, sent
+    assert [(a.channel, a.state) for a in alert_rows(services)] == [
+        (f"slack:{SLACK_ENV}", "failed")
+    ]
+
+
+def alert_sender_prune(services: Services) -> int:
+    """One maintenance pass's alert retention step."""
+    return maintenance.run_pass(services).counts["alerts_pruned"]
