@@ -4,8 +4,9 @@ The pass sweeps lost, expired and due sync tasks back onto the queue, queues the
 deliveries that are due, queues a reconcile pass once per reconcile interval, raises and settles
 the alerts it watches (``sync.alerts.watch``), and deletes what retention lets go (a few bounded
 batches per table; see ``sync.operations.retention``). It runs in a daemon thread of each
-worker's main process, on a plain timer: it depends neither on RQ's scheduler nor on anything stored only in Redis, so a dead scheduler's lock, a flushed or
-restarted Redis, or a database restart cannot end it. Every step reads what is due from SQL and
+worker's main process, on a plain timer: it depends neither on RQ's scheduler nor on anything
+stored only in Redis, so a dead scheduler's lock, a flushed or restarted Redis, or a database
+restart cannot end it. Every step reads what is due from SQL and
 every queuing is idempotent, so an extra pass is harmless.
 
 One pass per interval across all workers: a worker ticks five times per interval and runs a
