@@ -89,7 +89,7 @@ STEPS: tuple[tuple[str, Callable[[Services], dict[str, int] | int | bool]], ...]
     ("notifications_pruned", retention.prune_notifications),
     ("attempts_pruned", retention.prune_attempts),
     ("outbox_pruned", retention.prune_outbox),
-    ("alerts_pruned", alert_sender.prune),
+    ("alerts_deleted", alert_sender.prune),  # sent alerts past the outbox retention
 )
 
 
