@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,13 +20,15 @@ from sqlalchemy import select
 
 from config.datasets import DatasetsFileError, parse_datasets
 from simulator import CloudState, SimServer
-from sync import logs
+from sync import bootstrap, logs
 from sync.alerts import sender, watch
 from sync.bootstrap import Services
+from sync.cloud.budget import MemoryApiBudget
 from sync.models import Alert, AlertCondition
 from sync.operations import maintenance
 from tests.acceptance.flow import (
     DATASETS_TOML,
+    SECRET,
     finished_job,
     product_records,
     settle,
@@ -270,3 +273,51 @@ def test_sent_alerts_are_let_go_with_the_outbox_retention_and_unsent_ones_never(
 def alert_sender_prune(services: Services) -> int:
     """One maintenance pass's alert retention step."""
     return maintenance.run_pass(services).counts["alerts_deleted"]
+
+
+def test_a_webhook_channel_gets_a_signed_alert_a_standard_webhooks_receiver_verifies(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """The generic channel POSTs the alert in the delivery envelope, signed like deliveries,
+    with the alert id as ``webhook-id``."""
+    hook = Receiver(secret=SECRET)
+    with hook.serve():
+        channel = f'[[alerts]]\nkind = "webhook"\nurl = "{hook.url}"\nsecret_env = "OPS_HOOK"\n'
+        services = use_datasets(services, channel + DATASETS_TOML)
+        environment = {**services.settings.environment, "OPS_HOOK": SECRET}
+        services = replace(services, settings=replace(services.settings, environment=environment))
+        bootstrap.use(services)
+        job_id = finished_job(cloud, product_records(40, garbage="beta.example"))
+        notify(web, job_id)
+        settle(services)
+    (request,) = hook.requests
+    assert request.signed
+    assert request.event_type == "alert.firing"
+    assert request.event_id.startswith("alt_")
+    data = request.body["data"]
+    assert (data["dataset"], data["reason"], data["status"]) == (
+        "products",
+        "run_rejected",
+        "firing",
+    )
+    assert data["command"] == f"scrapesync check products-job-{job_id}"
+    assert data["details"]["quarantined_partitions"] == ["beta.example"]
+
+
+def test_a_spent_cloud_budget_is_told_to_every_channel_and_so_is_its_recovery(
+    services: Services, slack: Receiver, mailbox: Mailbox
+) -> None:
+    """No call left in the window: an account-wide alert, which a channel limited to some
+    datasets gets too; calls left again: "recovered"."""
+    spent = MemoryApiBudget(limit=1, window=900.0)
+    spent.acquire()
+    watch.check(replace(services, budget=spent))
+    sender.send_due(services)
+    (text,) = [r.body["text"] for r in slack.requests]
+    assert "the Cloud API budget is spent (0 of 200 calls left in this 15m window)" in text
+    assert len(mailbox.messages) == 1
+    assert mailbox.messages[0]["Subject"] == "[scrapesync] Cloud account: Cloud budget spent"
+    watch.check(services)
+    sender.send_due(services)
+    assert "the Cloud API budget recovered" in slack.requests[-1].body["text"]
+    assert len(mailbox.messages) == 2
