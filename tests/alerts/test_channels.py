@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import io
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ from config.datasets import DatasetsFileError, parse_datasets
 from simulator import CloudState, SimServer
 from sync import bootstrap, logs
 from sync.alerts import sender, watch
+from sync.alerts.conditions import AlertReason, Notice, catch_up, fire, recover
 from sync.bootstrap import Services
 from sync.cloud.budget import MemoryApiBudget
 from sync.models import Alert, AlertCondition
@@ -321,3 +323,31 @@ def test_a_spent_cloud_budget_is_told_to_every_channel_and_so_is_its_recovery(
     sender.send_due(services)
     assert "the Cloud API budget recovered" in slack.requests[-1].body["text"]
     assert len(mailbox.messages) == 2
+
+
+def test_a_condition_back_soon_after_its_recovery_is_told_once_the_interval_is_over(
+    services: Services,
+) -> None:
+    """Told at 0h, recovered at 1h, back at 2h: nothing more until 6h, then one message if it
+    still holds; a flapping condition never sends more than one alarm per interval."""
+    start = services.clock()
+    notice = Notice("scrapesync: something is wrong. More: scrapesync status", "scrapesync status")
+
+    def at(hours: float, step: Callable[..., int], **kw: Any) -> int:
+        with services.uow.begin() as session:
+            written = step(session, services.datasets, now=start + timedelta(hours=hours), **kw)
+            session.commit()
+        return written
+
+    told = {"dataset": "products", "reason": AlertReason.STALE, "notice": notice}
+    assert at(0, fire, **told) == 2
+    assert at(1, recover, **told) == 2
+    assert at(2, fire, **told) == 0
+    assert at(5, catch_up) == 0
+    assert at(6.5, catch_up) == 2
+    assert at(7, catch_up) == 0
+    statuses = [(a.status, a.reason) for a in alert_rows(services)]
+    assert (
+        statuses
+        == [("firing", "stale")] * 2 + [("recovered", "stale")] * 2 + [("firing", "stale")] * 2
+    )
