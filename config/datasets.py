@@ -9,6 +9,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from config.alerts import (
+    DEFAULT_ALERT_INTERVAL,
+    AlertChannel,
+    AlertsConfigError,
+    parse_channels,
+    parse_duration,
+    parse_stale_after,
+)
 from config.columns import (
     DEFAULT_MAX_CHANGES_PER_EVENT,
     MAX_DATASET_NAME,
@@ -39,6 +47,7 @@ DATASET_KEYS = frozenset(
         "watch",
         "retain_windows",
         "max_changes_per_event",
+        "stale_after",
     }
 )
 
@@ -127,6 +136,8 @@ class Dataset:
     # how many collection windows of observations to keep (None: all of them)
     retain_windows: int | None = None
     max_changes_per_event: int = DEFAULT_MAX_CHANGES_PER_EVENT
+    # how long the dataset may go without an accepted run before the alert channels are told
+    stale_after: float | None = None
 
     def matches_sitemap(self, sitemap_id: int | None, sitemap_name: str | None) -> bool:
         """Whether a Cloud job of this sitemap belongs to this dataset."""
@@ -154,6 +165,8 @@ class Datasets:
     """All datasets of one deployment, looked up by name or by Cloud sitemap."""
 
     by_name: Mapping[str, Dataset]
+    alerts: tuple[AlertChannel, ...] = ()
+    alert_interval: float = DEFAULT_ALERT_INTERVAL
 
     def __iter__(self) -> Iterator[Dataset]:
         return iter(self.by_name.values())
@@ -292,7 +305,15 @@ def _dataset(source: str, name: str, raw: Any) -> Dataset:
         watch=watch,
         retain_windows=retain_windows,
         max_changes_per_event=max_changes,
+        stale_after=_stale_after(where, raw.get("stale_after"), window),
     )
+
+
+def _stale_after(where: str, raw: Any, window: str) -> float | None:
+    try:
+        return parse_stale_after(f"{where}.stale_after", raw, window)
+    except AlertsConfigError as exc:
+        raise DatasetsFileError(str(exc)) from None
 
 
 def _check_table(where: str, name: str, raw: Any) -> None:
@@ -371,7 +392,18 @@ def parse_datasets(text: str, *, source: str = "<datasets>") -> Datasets:
     tables = doc.get("datasets", {})
     if not isinstance(tables, dict):
         raise DatasetsFileError(f"{source}: [datasets] must be a table of tables")
-    return Datasets({name: _dataset(source, name, raw) for name, raw in tables.items()})
+    by_name = {name: _dataset(source, name, raw) for name, raw in tables.items()}
+    try:
+        alerts = parse_channels(source, doc.get("alerts"), frozenset(by_name))
+        interval = doc.get("alert_interval")
+        alert_interval = (
+            DEFAULT_ALERT_INTERVAL
+            if interval is None
+            else parse_duration(f"{source}: alert_interval", interval)
+        )
+    except AlertsConfigError as exc:
+        raise DatasetsFileError(str(exc)) from None
+    return Datasets(by_name, alerts=alerts, alert_interval=alert_interval)
 
 
 def load_datasets(path: Path) -> Datasets:

@@ -104,6 +104,8 @@ class Settings:
     # opens the read-only pages and APIs (/api/events, /api/runs, /api/changes, /metrics,
     # /status without its actions); the status token opens those and every action
     read_token: str | None = field(default=None, repr=False)
+    # where e-mail alerts are sent from: smtp://user:password@host:port (smtps:// for TLS)
+    smtp_url: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -151,6 +153,7 @@ class Settings:
             ),
             environment=dict(env),
             read_token=env.get("SCRAPESYNC_READ_TOKEN") or None,
+            smtp_url=env.get("SCRAPESYNC_SMTP_URL") or None,
         )
 
     def secret(self, name: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from sync import bootstrap
+from sync.alerts import sender
 from sync.delivery import relay as relaying
 from sync.ingest import tasks
 from sync.operations import maintenance
@@ -41,3 +42,9 @@ def reconcile() -> dict[str, int]:
 def maintain() -> dict[str, int]:
     """One maintenance pass, when queued by hand (workers run it on their own timer)."""
     return maintenance.run_pass(bootstrap.from_env()).counts
+
+
+def send_alerts() -> dict[str, int]:
+    """Send every due alert message to its channel."""
+    report = sender.send_due(bootstrap.from_env())
+    return {"claimed": report.claimed, "delivered": report.delivered}

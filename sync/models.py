@@ -424,3 +424,51 @@ class RunProfile(Base):
     partition_fill_rates: Mapped[dict[str, Any]]
     fields: Mapped[list[Any]] = mapped_column(Payload)
     profiled_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AlertCondition(Base):
+    """What the alert channels were last told about one reason of one dataset ('' for the
+    account): whether it is firing, since when, and when its last message was written."""
+
+    __tablename__ = "alert_conditions"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    dataset: Mapped[str] = mapped_column(String(100))
+    reason: Mapped[str] = mapped_column(String(40))
+    firing: Mapped[bool] = mapped_column(Boolean, default=False)
+    announced: Mapped[bool] = mapped_column(Boolean, default=False)
+    since: Mapped[datetime | None]
+    last_alerted_at: Mapped[datetime | None]
+    messages: Mapped[int] = mapped_column(Integer, default=0)
+    subject: Mapped[str | None] = mapped_column(String(200))
+    # the last message it had to say (sent later if the alert interval held it back)
+    notice: Mapped[dict[str, Any] | None] = mapped_column(ScrubbedPayload)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("dataset", "reason"),)
+
+
+class Alert(Base):
+    """One message to one alert channel, written in the transaction of the state it reports
+    and sent by :mod:`sync.alerts.sender` (``unsent -> sending -> delivered``, or ``failed``
+    and retried, or ``dead``)."""
+
+    __tablename__ = "alerts"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    alert_id: Mapped[str] = mapped_column(String(100), unique=True)
+    channel: Mapped[str] = mapped_column(String(500))
+    dataset: Mapped[str | None] = mapped_column(String(100))
+    reason: Mapped[str] = mapped_column(String(40))
+    status: Mapped[str] = mapped_column(String(20))
+    subject: Mapped[str | None] = mapped_column(String(200))
+    text: Mapped[str] = mapped_column(ScrubbedText)
+    details: Mapped[dict[str, Any]] = mapped_column(ScrubbedPayload, default=dict)
+    command: Mapped[str] = mapped_column(String(300))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    state: Mapped[str] = mapped_column(String(20), default=DeliveryState.UNSENT, index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
+    lease_until: Mapped[datetime | None]
+    sent_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(ScrubbedText)

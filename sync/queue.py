@@ -2,8 +2,8 @@
 RQ job is found again by the sweeper from the task rows in SQL.
 
 The dispatcher has one method per job kind (sync, evaluation, delivery, relay, reconcile,
-maintenance); it alone knows the jobs' dotted names (``sync.jobs.*``, which jobs already waiting
-in Redis name across a deploy) and their ids. Queueing never raises: a failure is logged and
+maintenance, alerts); it alone knows the jobs' dotted names (``sync.jobs.*``, which jobs already
+waiting in Redis name across a deploy) and their ids. Queueing never raises: a failure is logged and
 answered ``None``, because the state in SQL that asked for the job is durable and a sweep asks
 again.
 
@@ -96,6 +96,10 @@ class Dispatcher(Protocol):
 
     def maintenance(self, *, bucket: int) -> bool | None:
         """Queue a maintenance pass, once per sweep interval ``bucket``."""
+        ...
+
+    def alerts(self, *, suffix: str) -> bool | None:
+        """Queue a pass of the alert sender over every due alert message."""
         ...
 
 
@@ -198,6 +202,15 @@ class JobKinds:
             "sync.jobs.maintain",
             job_id=f"maintain-{bucket}",
             failure_event="maintenance.enqueue_failed",
+            extra={},
+        )
+
+    def alerts(self, *, suffix: str) -> bool | None:
+        """Queue ``sync.jobs.send_alerts()``."""
+        return self._queue(
+            "sync.jobs.send_alerts",
+            job_id=f"alerts-{suffix}",
+            failure_event="alerts.enqueue_failed",
             extra={},
         )
 

@@ -2,10 +2,11 @@
 CLI output passes through :func:`scrub`.
 
 A secret is any configured credential: the Cloud API token, the notification (webhook) token,
-the status token and every destination's signing secret. The composition root registers them
-once per process (:func:`register_settings`); the Cloud client registers the token it is given.
-:func:`scrub` replaces each of them, raw or in its URL-encoded or JSON-escaped spellings, and any
-``api_token=`` query value, with ``***``.
+the status token, every destination's signing secret, and the alert channels' credentials (a
+Slack-style webhook URL, a signing secret, the SMTP URL's password). The composition root
+registers them once per process (:func:`register_settings`); the Cloud client registers the
+token it is given. :func:`scrub` replaces each of them, raw or in its URL-encoded or
+JSON-escaped spellings, and any ``api_token=`` query value, with ``***``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import re
 import threading
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote, quote_plus, unquote, urlsplit
 
 if TYPE_CHECKING:
     from config.datasets import Datasets
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 MASK: Final = "***"
 MIN_LENGTH: Final = 4  # shorter values would mask ordinary words; no real credential is this short
+MIN_PATH_LENGTH: Final = 20  # a webhook URL's path is a token when long (Slack's: ~60 characters)
 
 _TOKEN_PARAM = re.compile(r"(api_token=)[^&\s\"'<>#]*", re.IGNORECASE)
 _lock = threading.Lock()
@@ -62,7 +64,33 @@ def secrets_of(settings: Settings, datasets: Datasets | None = None) -> list[str
                 if secret:
                     found.append(secret)
                     found.append(secret.removeprefix("whsec_"))  # the key part on its own
+        found.extend(_alert_secrets(settings, datasets))
+    found.extend(_url_secrets(settings.smtp_url))
     return [s for s in found if s]
+
+
+def _url_secrets(url: str | None) -> list[str]:
+    """A URL that carries a credential: the URL, its password and its path (a Slack-style
+    webhook's path is its token)."""
+    if not url:
+        return []
+    parts = urlsplit(url)
+    found = [url, unquote(parts.password or "")]
+    if len(parts.path) >= MIN_PATH_LENGTH and not parts.password:
+        found.append(parts.path)
+    return found
+
+
+def _alert_secrets(settings: Settings, datasets: Datasets) -> list[str]:
+    """The alert channels' secrets: Slack-style webhook URLs and signing secrets."""
+    found: list[str] = []
+    for channel in getattr(datasets, "alerts", ()):
+        if channel.url_env:
+            found.extend(_url_secrets(settings.secret(channel.url_env)))
+        secret = settings.secret(channel.secret_env or "")
+        if secret:
+            found.extend([secret, secret.removeprefix("whsec_")])
+    return found
 
 
 def register_settings(settings: Settings, datasets: Datasets | None = None) -> None:

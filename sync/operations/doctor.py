@@ -4,8 +4,9 @@ Each check ends in a pass or a fail, with a hint saying what to do about a failu
 variables a deployment needs, the datasets file, the database (reachable, migrated to head),
 Redis, the Cloud token (one cheap call), and, for each dataset, its sitemap in the Cloud account,
 that every field the dataset names (``entity_key``, ``required``, ``partition``, ``parsers``) is a
-column of that sitemap, and that its destinations' signing secrets are set. Cloud calls are
-counted against the API budget every process shares. No check shows a secret.
+column of that sitemap, that its destinations' signing secrets are set, and that every alert
+channel's variables are set. Cloud calls are counted against the API budget every process
+shares. No check shows a secret.
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ def diagnose(
             checks.extend(_secret_checks(settings, dataset))
         if checks_passed(checks, "database"):
             checks.extend(_disabled_destinations(settings, datasets))
+        checks.extend(_alert_checks(settings, datasets))
     return Report(tuple(checks))
 
 
@@ -363,6 +365,28 @@ def _dataset_checks(dataset: Dataset, sitemaps: _SitemapIndex) -> Iterator[Check
             f"(id {sitemap_id}); its columns are {', '.join(columns) or 'none'}",
             "rename the field in the datasets file, or add a selector with that id to the sitemap",
         )
+
+
+def _alert_checks(settings: Settings, datasets: Datasets) -> Iterator[Check]:
+    """Each alert channel's variables are set (their values are never shown)."""
+    from sync.alerts.channels import AlertChannelError, smtp_server
+
+    for channel in datasets.alerts:
+        name = f"alert channel {channel.key}"
+        if channel.kind == "email":
+            try:
+                server = smtp_server(settings.smtp_url)
+            except AlertChannelError as exc:
+                yield Check(name, False, str(exc), "set SCRAPESYNC_SMTP_URL to the SMTP server")
+                continue
+            yield Check(name, True, f"SCRAPESYNC_SMTP_URL is set (server {server.host})")
+            continue
+        variable = channel.url_env if channel.kind == "slack" else channel.secret_env
+        what = "the incoming webhook's URL" if channel.kind == "slack" else "the signing secret"
+        if settings.secret(variable or "") is None:
+            yield Check(name, False, f"{variable} is not set", f"set {variable} to {what}")
+            continue
+        yield Check(name, True, f"{variable} is set")
 
 
 def _secret_checks(settings: Settings, dataset: Dataset) -> Iterator[Check]:

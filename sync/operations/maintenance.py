@@ -1,11 +1,12 @@
 """Maintenance that cannot stop: every worker process runs the maintenance pass on its own timer.
 
 The pass sweeps lost, expired and due sync tasks back onto the queue, queues the evaluations and
-deliveries that are due, queues a reconcile pass once per reconcile interval, and deletes what
-retention lets go (a few bounded batches per table; see ``sync.operations.retention``). It runs in a
-daemon thread of each worker's main process, on a plain timer: it depends neither on RQ's
-scheduler nor on anything stored only in Redis, so a dead scheduler's lock, a flushed or
-restarted Redis, or a database restart cannot end it. Every step reads what is due from SQL and
+deliveries that are due, queues a reconcile pass once per reconcile interval, raises and settles
+the alerts it watches (``sync.alerts.watch``), and deletes what retention lets go (a few bounded
+batches per table; see ``sync.operations.retention``). It runs in a daemon thread of each
+worker's main process, on a plain timer: it depends neither on RQ's scheduler nor on anything
+stored only in Redis, so a dead scheduler's lock, a flushed or restarted Redis, or a database
+restart cannot end it. Every step reads what is due from SQL and
 every queuing is idempotent, so an extra pass is harmless.
 
 One pass per interval across all workers: a worker ticks five times per interval and runs a
@@ -27,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sync import logs
+from sync.alerts import sender as alert_sender
+from sync.alerts import watch
 from sync.bootstrap import Services
 from sync.delivery import relay
 from sync.ingest import sweeper
@@ -79,12 +82,14 @@ STEPS: tuple[tuple[str, Callable[[Services], dict[str, int] | int | bool]], ...]
     ("evaluations", due.redrive),
     ("deliveries_due", relay.redrive),
     ("reconcile_queued", reconciliation.schedule),
+    ("alerts", watch.check),
     # retention last: what is due is queued before anything is deleted, and each table is its
     # own step, so that one which cannot take its locks leaves the others to go on
     ("observations_pruned", retention.prune_observations),
     ("notifications_pruned", retention.prune_notifications),
     ("attempts_pruned", retention.prune_attempts),
     ("outbox_pruned", retention.prune_outbox),
+    ("alerts_deleted", alert_sender.prune),  # sent alerts past the outbox retention
 )
 
 

@@ -41,6 +41,7 @@ from config.datasets import Dataset
 from sync import logs, outbox
 from sync.acceptance.facts import ACCEPTED, CANDIDATE, NO_PARTITION, Judgement
 from sync.acceptance.verdict import judge, waiting_for_tasks
+from sync.alerts.verdicts import after_verdict
 from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
 from sync.datasets import schema
@@ -51,6 +52,7 @@ from sync.models import (
     RunProfile,
     ScrapingJob,
 )
+from sync.queue import evaluation_job_id
 from sync.runs import evidence, publication
 from sync.states import EvaluationOutcome, EventType, PartitionState, RunState, ValidationState
 
@@ -137,6 +139,8 @@ def _evaluate(services: Services, run_id: str) -> Evaluation:
     services.killpoints.reached("after-acceptance")
     for event_id in result.events:
         services.dispatcher.delivery(event_id)
+    if result.events and services.datasets.alerts:
+        services.dispatcher.alerts(suffix=evaluation_job_id(run_id, f"r{result.revision}"))
     log.info(
         "run.evaluated",
         extra={
@@ -286,6 +290,8 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
             now,
             schema=services.settings.data_schema,
         )
+        if result.events:  # a new verdict: the alert channels hear of it in this transaction
+            after_verdict(session, services.datasets, run, now)
         session.commit()
         return result
 
