@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from config.settings import ConfigError, Settings
+from scrapesync import decisions
 from scrapesync.terminal import CommandError, Progress, echo, echo_json
 from sync import db, logs
 from sync.bootstrap import Services
@@ -272,8 +273,12 @@ def rerun_command(
 @click.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print the overview as JSON.")
 @click.option("--limit", default=20, show_default=True, help="How many recent runs to show.")
-def status_command(as_json: bool, limit: int) -> None:
-    """Runs, coverage and verdicts; tasks, outbox backlog, last reconcile, API budget."""
+@click.argument("run_id", required=False)
+def status_command(as_json: bool, limit: int, run_id: str | None) -> None:
+    """Runs, coverage and verdicts; tasks, outbox backlog, last reconcile, API budget (RUN_ID:
+    that run in detail, with the diagnosis of a rejection)."""
+    if run_id is not None:
+        return decisions.show_run(run_id, as_json)
     from sync.operations import status, status_text
 
     values = status.overview(_services(), limit=limit)
@@ -363,7 +368,9 @@ def _check_report(result: Rejudgement, source: str) -> str:
     if result.reasons:
         lines.append("reasons:")
         lines += [f"  - {r['code']}: {r['message']}" for r in result.reasons]
-    return "\n".join(lines)
+    from sync.operations.run_detail import diagnosis_lines
+
+    return "\n".join(lines + diagnosis_lines(result.diagnosis))
 
 
 @click.command("simulator")
@@ -489,4 +496,5 @@ ALL = (
     demo_command,
     export_command,
     diff_command,
+    *decisions.ALL,
 )

@@ -137,7 +137,8 @@ def test_before_min_history_the_last_accepted_run_is_the_baseline() -> None:
     history = history_of(2000, 2000)
     verdict = judged(tallies(even(1200)), history)
     assert verdict.state == "rejected"
-    assert verdict.baseline is not None and len(verdict.baseline.runs) == 1
+    assert verdict.baseline is not None
+    assert len(verdict.baseline.runs) == 1
     (reason,) = verdict.reasons
     assert (reason.code, reason.got, reason.baseline, reason.expected) == (
         "record_drop",
