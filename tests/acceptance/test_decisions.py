@@ -103,7 +103,7 @@ def test_accept_publishes_a_rejected_run_and_announces_the_operators_reason(
 
     code, out = cli("status", run_id)
     assert code == 0, out
-    assert f"decided by: operator (accept at " in out
+    assert "decided by: operator (accept at " in out
     assert REASON in out
     code, out = cli("status", run_id, "--json")
     shown = json.loads(out)
@@ -121,7 +121,8 @@ def test_accept_publishes_a_rejected_run_and_announces_the_operators_reason(
         )
     )
     page = app.test_client().get("/status?token=tok").get_data(as_text=True)
-    assert "Decided by the operator" in page and REASON in page
+    assert "Decided by the operator" in page
+    assert REASON in page
 
     events = events_of(services, run_id)
     code, out = cli("accept", run_id, "--reason", "again")
@@ -147,7 +148,8 @@ def test_baseline_reset_makes_the_next_run_of_the_new_size_pass(
     assert code == 0, out
     assert "baseline reset (the new normal)" in out
     code, out = cli("baseline", "reset", "products", "--reason", "twice")
-    assert code == 0 and "already reset" in out, out
+    assert code == 0, out
+    assert "already reset" in out
     settle(services)
     with services.uow.begin() as session:
         actions = session.execute(select(OperatorDecision.action)).scalars().all()
@@ -230,6 +232,8 @@ def test_cancel_stops_waiting_for_a_run_that_will_never_complete(
     assert events_of(services, run_id) == ["run.cancelled"]
     good = collect(web, services, cloud, product_records(400, start=100))
     code, out = cli("cancel", good)
-    assert code != 0 and f"scrapesync reject {good}" in out
+    assert code != 0
+    assert f"scrapesync reject {good}" in out
     code, out = cli("accept", "no-such-run", "--reason", "x")
-    assert code != 0 and "no run 'no-such-run'" in out
+    assert code != 0
+    assert "no run 'no-such-run'" in out
