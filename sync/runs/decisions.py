@@ -126,6 +126,8 @@ def decide(services: Services, run_id: str, action: str, reason: str | None) -> 
     note = ""
     if result.outcome == EvaluationOutcome.WAITING:
         note = "the run still waits for its syncs; the decision applies when they commit"
+    elif result.state == RunState.QUARANTINED:
+        note = "its evaluation still fails, so the decision could not apply: it stays quarantined"
     elif result.outcome == EvaluationOutcome.BUSY:
         note = "another evaluation of the run holds it; the next sweep applies the decision"
     return Decided(

@@ -69,8 +69,11 @@ def record_failure(services: Services, run_id: str, exc: BaseException) -> Held 
             return None
         run.evaluation_failures = (run.evaluation_failures or 0) + 1
         tries = run.evaluation_failures
-        quarantined = tries >= EVALUATION_TRIES and run.state not in HELD
-        if quarantined:
+        quarantined = tries >= EVALUATION_TRIES and run.state != RunState.CANCELLED
+        if quarantined and run.state == RunState.QUARANTINED:
+            # still failing after an operator's decision: stays as it is, and the sweep stops
+            run.evaluated_version = run.data_version
+        elif quarantined:
             run.state = RunState.QUARANTINED
             run.reasons = [
                 {

@@ -68,3 +68,16 @@ def test_an_evaluation_that_raises_every_time_quarantines_the_run_after_n_tries(
     assert result.exit_code == 0, result.output
     assert "state: quarantined" in result.output
     assert "ValueError" in result.output
+
+    # the operator's accept cannot apply while the evaluation still fails: it stays quarantined
+    # and the sweep does not start again; a cancel settles it
+    result = CliRunner().invoke(main, ["accept", RUN_ID, "--reason", "looks fine"])
+    assert result.exit_code == 0, result.output
+    assert "still fails" in result.output
+    assert verdict(services, RUN_ID).state == "quarantined"
+    with services.uow.begin() as session:
+        assert RUN_ID not in due.runs_due_for_evaluation(session)
+    result = CliRunner().invoke(main, ["cancel", RUN_ID, "--reason", "no such week"])
+    assert result.exit_code == 0, result.output
+    assert verdict(services, RUN_ID).state == "cancelled"
+    assert published(services) is None
