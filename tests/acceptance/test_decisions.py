@@ -191,6 +191,11 @@ def test_reject_withdraws_a_published_run_and_falls_back_to_the_last_accepted_on
     (rejected,) = [r.body for r in receiver.of_type("run.rejected")]
     assert rejected["data"]["decided_by"] == "operator"
     assert rejected["data"]["reason"] == "prices were scraped in the wrong currency"
+    events = events_of(services, second)
+    code, out = cli("reject", second, "--reason", "again")
+    assert code == 0, out
+    assert "already rejected by the operator" in out
+    assert events_of(services, second) == events
     # forced re-evaluation (new data, the operator's own re-judgement): the decision stands
     from sync.runs import evaluation
 

@@ -84,6 +84,7 @@ def test_a_fill_rate_drop_names_field_selector_samples_and_the_rerun_that_repair
     assert out.count("    after: ") == 2
     assert f"next: {rerun}" in out
     code, out = cli("check", run_id)
+    assert f"baseline: the last accepted run, {previous} (2 accepted run(s)" in out
     assert f"next: {rerun}" in out
     assert "field 'price': selector 'price'" in out
     settle(services)
