@@ -339,21 +339,7 @@ def _check_report(result: Rejudgement, source: str) -> str:
     }
     verb = verbs.get(result.state, f"would stay {result.state}")
     lines = [f"run {result.run_id} (now {result.current_state}) under {source}: {verb}"]
-    if len(result.baseline_runs) == 1 and result.history_runs < result.min_history:
-        lines.append(
-            f"baseline: the last accepted run, {result.baseline_runs[0]} ({result.history_runs} "
-            f"accepted run(s) before this one; the median from {result.min_history} on)"
-        )
-    elif result.baseline_runs:
-        lines.append(
-            f"baseline: the median of {len(result.baseline_runs)} accepted run(s): "
-            + ", ".join(result.baseline_runs)
-        )
-    else:
-        lines.append(
-            f"baseline: none ({result.history_runs} accepted run(s) before this one; the history "
-            f"rules wait for {result.min_history})"
-        )
+    lines.append(result.baseline_line())
     rows = [("RULE", "SUBJECT", "VERDICT", "GOT", "BASELINE", "ALLOWED")]
     for check in result.checks:
         rows.append(

@@ -37,6 +37,22 @@ class Rejudgement:
     # what most likely broke and what to run next, when it would not be accepted
     diagnosis: dict[str, Any] | None = None
 
+    def baseline_line(self) -> str:
+        """What the run was held against, as ``scrapesync check`` says it."""
+        if len(self.baseline_runs) == 1 and self.history_runs < self.min_history:
+            return (
+                f"baseline: the last accepted run, {self.baseline_runs[0]} ({self.history_runs} "
+                f"accepted run(s) before this one; the median from {self.min_history} on)"
+            )
+        if self.baseline_runs:
+            return f"baseline: the median of {len(self.baseline_runs)} accepted run(s): " + (
+                ", ".join(self.baseline_runs)
+            )
+        return (
+            f"baseline: none ({self.history_runs} accepted run(s) before this one; the history "
+            f"rules wait for {self.min_history})"
+        )
+
     def as_dict(self) -> dict[str, Any]:
         """The re-judgement as JSON-able values."""
         return {

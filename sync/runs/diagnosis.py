@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
 from sync import logs
-from sync.acceptance.facts import NO_PARTITION, NOTE, WAITING, Judgement, Reason
+from sync.acceptance.facts import ACCEPTED, NO_PARTITION, NOTE, WAITING, Judgement, Reason
 from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
 from sync.models import Observation, OutboxEvent, Run, ScrapingJob
@@ -70,6 +70,16 @@ def of(session: Session, run: Run, dataset: Dataset, judgement: Judgement) -> di
             if command not in commands:
                 commands.append(command)
     return {"failures": failures, "next": commands, "previous_run_id": previous}
+
+
+def kept(
+    session: Session, run: Run, dataset: Dataset, judgement: Judgement
+) -> dict[str, Any] | None:
+    """The diagnosis a verdict keeps on its run: none for an accepted run; else made again,
+    with the selectors an earlier verdict named."""
+    if judgement.state == ACCEPTED:
+        return None
+    return with_selectors_of(of(session, run, dataset, judgement), run.diagnosis)
 
 
 def _last_accepted(session: Session, run: Run) -> str | None:
@@ -205,9 +215,14 @@ def add_selectors(services: Services, run_id: str) -> None:
             return
         found = run.diagnosis
         sitemap_id = run.sitemap_id
-    wanted = {f["field"] for x in found.get("failures", []) for f in x.get("fields", [])}
+    wanted = {
+        f["field"]
+        for x in found.get("failures", [])
+        for f in x.get("fields", [])
+        if not f.get("selector")
+    }
     if not wanted:
-        return
+        return  # nothing to name, or named at an earlier verdict
     try:
         with services.cloud() as cloud:
             sitemap = cloud.get_sitemap(sitemap_id)
@@ -220,7 +235,7 @@ def add_selectors(services: Services, run_id: str) -> None:
         return
     for failure in found.get("failures", []):
         for field in failure.get("fields", []):
-            field["selector"] = selectors.get(field["field"])
+            field["selector"] = field.get("selector") or selectors.get(field["field"])
     with services.uow.begin() as session:
         session.execute(update(Run).where(Run.run_id == run_id).values(diagnosis=found))
         for event in session.execute(

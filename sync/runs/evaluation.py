@@ -154,7 +154,7 @@ def _evaluate(services: Services, run_id: str) -> Evaluation:
                 raise
             log.info("evaluation.conflict", extra={"run_id": run_id, "attempt": attempt})
     services.killpoints.reached("after-acceptance")
-    if result.outcome == RunState.REJECTED:
+    if result.state == RunState.REJECTED:
         diagnosis.add_selectors(services, run_id)
     for event_id in result.events:
         services.dispatcher.delivery(event_id)
@@ -352,7 +352,7 @@ def _apply(
     run.evaluated_at = now
     run.evaluated_version = run.data_version  # read in this transaction's snapshot
     run.evaluation_failures = 0
-    run.diagnosis = diagnosis.of(session, run, dataset, judgement) if not now_accepted else None
+    run.diagnosis = diagnosis.kept(session, run, dataset, judgement)
     events: list[str] = []
     if changed:
         run.revision += 1
