@@ -44,6 +44,8 @@ RESERVED_COLUMNS = frozenset(
         "valid_to",
         "closed_by_run_id",
         "changed_by_run_id",
+        "stale",
+        "set_aside",
     }
 )
 MAX_NAME = 63  # PostgreSQL's identifier limit

@@ -61,8 +61,8 @@ class Quality:
     """Acceptance thresholds of one dataset (Cloud's data-quality result counts too).
 
     The history rules (record, fill-rate, field and partition drops) compare a run with the
-    median of the dataset's last ``baseline_runs`` accepted runs, once there are at least
-    ``min_history`` of them."""
+    median of the dataset's last ``baseline_runs`` accepted runs once there are at least
+    ``min_history`` of them, and with the last accepted run before that."""
 
     min_records: int = 1
     max_failed_pages_percent: float = 5.0

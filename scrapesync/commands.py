@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from config.settings import ConfigError, Settings
+from scrapesync import decisions
 from scrapesync.deliveries import deliveries_group
 from scrapesync.terminal import CommandError, Progress, echo, echo_json
 from sync import db, logs
@@ -273,8 +274,12 @@ def rerun_command(
 @click.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print the overview as JSON.")
 @click.option("--limit", default=20, show_default=True, help="How many recent runs to show.")
-def status_command(as_json: bool, limit: int) -> None:
-    """Runs, coverage and verdicts; tasks, outbox backlog, last reconcile, API budget."""
+@click.argument("run_id", required=False)
+def status_command(as_json: bool, limit: int, run_id: str | None) -> None:
+    """Runs, coverage and verdicts; tasks, outbox backlog, last reconcile, API budget (RUN_ID:
+    that run in detail, with the diagnosis of a rejection)."""
+    if run_id is not None:
+        return decisions.show_run(run_id, as_json)
     from sync.operations import status, status_text
 
     values = status.overview(_services(), limit=limit)
@@ -335,16 +340,7 @@ def _check_report(result: Rejudgement, source: str) -> str:
     }
     verb = verbs.get(result.state, f"would stay {result.state}")
     lines = [f"run {result.run_id} (now {result.current_state}) under {source}: {verb}"]
-    if result.baseline_runs:
-        lines.append(
-            f"baseline: the median of {len(result.baseline_runs)} accepted run(s): "
-            + ", ".join(result.baseline_runs)
-        )
-    else:
-        lines.append(
-            f"baseline: none ({result.history_runs} accepted run(s) before this one; the history "
-            f"rules wait for {result.min_history})"
-        )
+    lines.append(result.baseline_line())
     rows = [("RULE", "SUBJECT", "VERDICT", "GOT", "BASELINE", "ALLOWED")]
     for check in result.checks:
         rows.append(
@@ -364,7 +360,9 @@ def _check_report(result: Rejudgement, source: str) -> str:
     if result.reasons:
         lines.append("reasons:")
         lines += [f"  - {r['code']}: {r['message']}" for r in result.reasons]
-    return "\n".join(lines)
+    from sync.operations.run_detail import diagnosis_lines
+
+    return "\n".join(lines + diagnosis_lines(result.diagnosis))
 
 
 @click.command("simulator")
@@ -491,4 +489,5 @@ ALL = (
     export_command,
     diff_command,
     deliveries_group,
+    *decisions.ALL,
 )

@@ -124,6 +124,15 @@ class Run(Base):
     published_at: Mapped[datetime | None]
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    # an operator's decision (accept, reject, cancel), which every later evaluation keeps
+    decision: Mapped[str | None] = mapped_column(String(20))
+    decided_by: Mapped[str | None] = mapped_column(String(20))
+    decision_reason: Mapped[str | None] = mapped_column(ScrubbedText)
+    decided_at: Mapped[datetime | None]
+    # evaluations that raised since the last one that finished; N of them quarantine the run
+    evaluation_failures: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # what most likely broke and what to run next, kept with a rejection (sync.runs.diagnosis)
+    diagnosis: Mapped[dict[str, Any] | None] = mapped_column(ScrubbedPayload)
 
     __table_args__ = (UniqueConstraint("dataset", "collection_window"),)
 
@@ -472,3 +481,40 @@ class Alert(Base):
     lease_until: Mapped[datetime | None]
     sent_at: Mapped[datetime | None]
     last_error: Mapped[str | None] = mapped_column(ScrubbedText)
+
+
+class OperatorDecision(Base):
+    """One decision an operator took (accept, reject, cancel a run; reset a dataset's
+    baseline), kept with its reason and time."""
+
+    __tablename__ = "operator_decisions"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    dataset: Mapped[str] = mapped_column(String(100), index=True)
+    run_id: Mapped[str | None] = mapped_column(String(200), index=True)
+    action: Mapped[str] = mapped_column(String(20))
+    reason: Mapped[str | None] = mapped_column(ScrubbedText)
+    decided_by: Mapped[str] = mapped_column(String(20), default="operator")
+    decided_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class SetAsideRecord(Base):
+    """A record of a run set aside at import (a NUL, an overlong value...) whose entity is
+    known: its entity keeps its last published row, flagged stale, and is never reported
+    removed for it."""
+
+    __tablename__ = "set_aside_records"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(200))
+    dataset: Mapped[str] = mapped_column(String(100))
+    entity_key: Mapped[str] = mapped_column(Text)
+    partition: Mapped[str | None] = mapped_column(String(200))
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    line: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(50))
+    # the values at fault: [{"field", "reason", "detail"}]
+    values: Mapped[list[Any]] = mapped_column(ScrubbedPayload, default=list)
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    __table_args__ = (UniqueConstraint("run_id", "entity_key"),)

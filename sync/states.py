@@ -45,6 +45,19 @@ class RunState(StrEnum):
     ACCEPTED = "accepted"
     PUBLISHED = "published"
     REJECTED = "rejected"
+    # its evaluation failed every time it was tried: never judged again by itself
+    QUARANTINED = "quarantined"
+    # an operator stopped waiting for it
+    CANCELLED = "cancelled"
+
+
+class Decision(StrEnum):
+    """``runs.decision`` and ``operator_decisions.action``: what an operator decided."""
+
+    ACCEPT = "accept"
+    REJECT = "reject"
+    CANCEL = "cancel"
+    BASELINE_RESET = "baseline_reset"
 
 
 class PartitionState(StrEnum):
@@ -109,6 +122,8 @@ class EventType(StrEnum):
     DATASET_PUBLISHED = "dataset.published"
     DATASET_WITHDRAWN = "dataset.withdrawn"
     DATASET_CHANGED = "dataset.changed"
+    RUN_CANCELLED = "run.cancelled"
+    DATASET_BASELINE_RESET = "dataset.baseline_reset"
 
 
 class EvaluationOutcome(StrEnum):
@@ -119,6 +134,7 @@ class EvaluationOutcome(StrEnum):
     BUSY = "busy"
     UNKNOWN = "unknown"
     UNCONFIGURED = "unconfigured"
+    QUARANTINED = "quarantined"
 
 
 class ClaimOutcome(StrEnum):

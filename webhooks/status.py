@@ -26,6 +26,8 @@ STATE_COLOURS = {
     RunState.ACCEPTED: "#2563eb",
     RunState.PUBLISHED: "#15803d",
     RunState.REJECTED: "#b91c1c",
+    RunState.QUARANTINED: "#7c2d12",
+    RunState.CANCELLED: "#9ca3af",
 }
 CHART_WIDTH = 760
 CHART_HEIGHT = 150

@@ -12,9 +12,10 @@ records and thresholds, with no I/O, so every rule is tested with plain values.
   and pages that are not data (a consent page, an empty shell);
 - the dataset's history: the run's profile (records per partition, each field's fill rate)
   against the median of its last accepted runs' profiles (the baseline). With fewer accepted
-  runs than ``min_history`` only the rules above apply. A gain is never a failure; a drop in
-  volume, in a field's fill rate or in one partition's records beyond its threshold is, and a
-  field every baseline run had that this run lacks is too. A drop confined to one partition
+  runs than ``min_history`` (one or two by default) the baseline is the last accepted run. A
+  gain is never a failure; a drop in volume, in a field's fill rate or in one partition's
+  records beyond its threshold is, and a field every baseline run had that this run lacks is
+  too. A drop confined to one partition
   quarantines that partition; a drop across the run rejects it.
 
 A failing run-level rule rejects the run. A failing partition is quarantined; the dataset's

@@ -42,11 +42,14 @@ def profile_of(tallies: Mapping[str, PartitionTally], run_id: str | None = None)
 
 def baseline_of(history: Sequence[Profile], quality: Quality) -> Baseline | None:
     """The baseline made of the dataset's last ``baseline_runs`` accepted runs (``history`` is
-    newest first), or None while it has fewer than ``min_history``: a cold start is judged by
-    the absolute rules only."""
+    newest first); while it has fewer than ``min_history``, the last accepted run alone (one
+    run is no median, but a 40% loss against it is no noise either). None with no history: the
+    first run is judged by the absolute rules only."""
     runs = tuple(history[: quality.baseline_runs])
-    if not runs or len(runs) < quality.min_history:
+    if not runs:
         return None
+    if len(runs) < quality.min_history:
+        return Baseline(runs[:1])
     return Baseline(runs)
 
 
@@ -55,7 +58,9 @@ def _drop_percent(got: float, baseline: float) -> float:
 
 
 def _runs_text(runs: int) -> str:
-    return f"the median of the last {runs} accepted run{'s' if runs != 1 else ''}"
+    if runs == 1:
+        return "the last accepted run"
+    return f"the median of the last {runs} accepted runs"
 
 
 def record_drop_check(

@@ -3,8 +3,10 @@ published pointer, so a reader holding one snapshot sees the old run or the new 
 
 The published view of run R: R's observations marked valid (its passed partitions), plus the rows
 ``X`` already holds of the partitions R quarantined (kept as they are, with the run id they came
-from; never reported removed). Every other entity leaves ``X``. Rejected runs and quarantined
-partitions never appear.
+from; never reported removed), plus the rows of the entities whose record R set aside at import
+(a NUL, an overlong value: :mod:`sync.ingest.set_aside`), kept with their last values, flagged
+``stale`` and with the values at fault in ``set_aside``; never reported removed either. Every
+other entity leaves ``X``. Rejected runs and quarantined partitions never appear.
 
 Only what changed is read into Python: the database itself finds R's observations whose entity is
 new to ``X`` or whose payload hash differs from the row's, and the rows of ``X`` that R no longer
@@ -28,7 +30,19 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import RowMapping, Select, Text, cast, exists, func, select, true, update
+from sqlalchemy import (
+    RowMapping,
+    Select,
+    Text,
+    bindparam,
+    cast,
+    exists,
+    func,
+    null,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
@@ -44,7 +58,7 @@ from sync.datasets.history import Row
 from sync.datasets.rows import delete_keys, insert_rows
 from sync.datasets.tables import DatasetTables
 from sync.db import planner_method_off
-from sync.models import Observation, PartitionVerdict, Publication, Run
+from sync.models import Observation, PartitionVerdict, Publication, Run, SetAsideRecord
 from sync.states import PartitionState, ValidationState
 
 BATCH = 2000  # entities cast, compared and written at a time: a publication holds one batch
@@ -126,8 +140,9 @@ def apply_publication(
             _publish_batch(publishing, tables, batch)
     if not copied:  # after a first copy the table holds only rows of this run
         quarantined = _quarantined(session, run.run_id)
+        kept = _set_aside(session, run.run_id)
         for gone in _missing(session, tables, run.run_id):
-            _remove_batch(publishing, tables, gone, quarantined)
+            _remove_batch(publishing, tables, gone, quarantined, kept)
     if copied:  # a baseline, counted only: the rows the database copied are added too
         feed.counts[ADDED] += copied
     if had_rows:  # rows written before this publication may have been observed unchanged
@@ -184,13 +199,19 @@ def _remove_batch(
     tables: DatasetTables,
     missing: dict[str, tuple[str | None, Values]],
     quarantined: set[str],
+    kept: Mapping[str, list[dict[str, Any]]],
 ) -> None:
     """Take one batch of entities the run no longer has out of ``X``, closing their history
-    (those of partitions the run quarantined keep their rows)."""
+    (those of partitions the run quarantined keep their rows, and those whose record the run
+    set aside keep theirs, flagged stale)."""
+    stale = {key: kept[key] for key in missing if key in kept}
+    if stale:
+        _mark_stale(publishing.session, tables, stale)
     gone = {
         key: values
         for key, (partition, values) in missing.items()
         if (partition if partition is not None else NO_PARTITION) not in quarantined
+        and key not in stale
     }
     if not gone:
         return
@@ -204,6 +225,37 @@ def _remove_batch(
         undo=publishing.undo,
     )
     delete_keys(publishing.session, tables.current, "entity_key", list(gone))
+
+
+def _set_aside(session: Session, run_id: str) -> dict[str, list[dict[str, Any]]]:
+    """The run's records set aside at import whose entity is known: entity key -> the values
+    at fault, each with the run and export line it came from."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    rows = session.execute(
+        select(
+            SetAsideRecord.entity_key,
+            SetAsideRecord.values,
+            SetAsideRecord.job_id,
+            SetAsideRecord.line,
+        ).where(SetAsideRecord.run_id == run_id)
+    )
+    for key, values, job_id, line in rows:
+        found[key] = [{**v, "run_id": run_id, "job_id": job_id, "line": line} for v in values or []]
+    return found
+
+
+def _mark_stale(
+    session: Session, tables: DatasetTables, stale: Mapping[str, list[dict[str, Any]]]
+) -> None:
+    """Keep these entities' rows as they are, flagged stale with the values set aside."""
+    x = tables.current.c
+    session.execute(
+        update(tables.current)
+        .where(x.entity_key == bindparam("_key"))
+        .values(stale=True, set_aside=bindparam("_values", type_=x.set_aside.type))
+        .execution_options(synchronize_session=False),
+        [{"_key": key, "_values": values} for key, values in stale.items()],
+    )
 
 
 def _compare(
@@ -408,6 +460,11 @@ def _take_unchanged(session: Session, tables: DatasetTables, run: Run) -> None:
                 x.run_id != run.run_id,
                 x.entity_key.in_(select(o.entity_key).where(_valid(run.run_id))),
             )
-            .values(run_id=run.run_id, collection_window=run.collection_window)
+            .values(
+                run_id=run.run_id,
+                collection_window=run.collection_window,
+                stale=False,
+                set_aside=null(),
+            )
             .execution_options(synchronize_session=False)
         )

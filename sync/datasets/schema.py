@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import String, delete, func, inspect, select, text
 from sqlalchemy import exists as sa_exists
@@ -104,6 +105,7 @@ def create_tables(session: Session, dataset: Dataset, schema: str) -> DatasetTab
     # an evaluation adding a column to them
     if _holds_open_stretches(session, tables):
         convert_open_stretches(session, tables)
+    _add_stale_columns(session, tables)
     held = _typed_columns_held(session, tables)
     views = set(inspect(connection).get_view_names(schema=tables.schema))
     if (registered != wanted or held != [c.name for c in wanted]) and (
@@ -130,6 +132,27 @@ def _typed_columns_held(session: Session, tables: DatasetTables) -> list[str] | 
         return None
     names = [c["name"] for c in found.get_columns(tables.current.name, schema=tables.schema)]
     return [n for n in names if n not in RESERVED_COLUMNS]
+
+
+def _add_stale_columns(session: Session, tables: DatasetTables) -> None:
+    """Give a dataset's table of an earlier release the ``stale`` and ``set_aside`` columns
+    (existing rows are not stale)."""
+    found = inspect(session.connection())
+    if not found.has_table(tables.current.name, schema=tables.schema):
+        return
+    names = {c["name"] for c in found.get_columns(tables.current.name, schema=tables.schema)}
+    if "stale" in names:
+        return
+    dialect = session.get_bind().dialect
+    target = _quoted(session, tables.schema, tables.current.name)
+    kind = sql_type_of(tables.current.c.set_aside.type, dialect)
+    session.execute(text(f"ALTER TABLE {target} ADD COLUMN stale BOOLEAN NOT NULL DEFAULT false"))
+    session.execute(text(f"ALTER TABLE {target} ADD COLUMN set_aside {kind}"))
+
+
+def sql_type_of(kind: Any, dialect: Any) -> str:
+    """A column type as the dialect spells it in DDL."""
+    return str(kind.compile(dialect=dialect))
 
 
 def _never_published(session: Session, tables: DatasetTables) -> bool:

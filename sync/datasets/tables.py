@@ -30,6 +30,7 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    false,
     null,
     select,
     union_all,
@@ -171,9 +172,25 @@ def _current_table(
             nullable=False,
             comment="the run that gave the row its values (at last_changed_at)",
         ),
+        *stale_columns(),
         # no index on run_id: nearly every row holds the published run's, no query looks rows
         # up by it, and each publication would rewrite an entry for every row it moves
         comment=f"the published run of dataset {dataset!r}, one row per entity",
+    )
+
+
+def stale_columns() -> tuple[SQLColumn[Any], ...]:
+    """The columns that say a row is kept from an earlier run because the published run set
+    its record aside (a NUL, an overlong value...), and which values were at fault."""
+    return (
+        SQLColumn(
+            "stale",
+            Boolean,
+            nullable=False,
+            server_default=false(),
+            comment="kept from an earlier run: the published run set this record aside",
+        ),
+        SQLColumn("set_aside", Payload, comment="the values the published run set aside"),
     )
 
 

@@ -16,6 +16,9 @@ from sync.ingest.staging import ObservationStager
 
 PARTITION_LIMIT = 200  # the width of observations.partition and partition_verdicts.partition
 INVALID_SAMPLES = 20  # lines kept, with their numbers, in an attempt's invalid_detail
+# records set aside whose entity is known, kept per record (their entity keeps its published
+# row); past this many an export is garbage, which acceptance rejects anyway
+SET_ASIDE_KEPT = 100_000
 
 
 def record_problem(
@@ -44,6 +47,28 @@ def record_problem(
     return None
 
 
+def values_at_fault(
+    record: Mapping[str, Any], reason: str, detail: str, *, partition_field: str | None
+) -> list[dict[str, Any]]:
+    """The values that made a record unstorable, field by field: those holding a NUL, the
+    overlong partition, or (a record too large) its largest values."""
+    if reason == "nul_character":
+        found = [
+            {"field": str(k).replace("\x00", "\\0"), "reason": reason, "detail": detail}
+            for k, v in record.items()
+            if "\x00" in str(k) or _has_nul(v)
+        ]
+    elif reason == "partition_too_long":
+        found = [{"field": partition_field or "partition", "reason": reason, "detail": detail}]
+    else:
+        sizes = sorted(((len(str(v)), str(k)) for k, v in record.items()), reverse=True)
+        found = [
+            {"field": k, "reason": reason, "detail": f"{n} characters; {detail}"}
+            for n, k in sizes[:3]
+        ]
+    return found or [{"field": None, "reason": reason, "detail": detail}]
+
+
 def _has_nul(value: Any) -> bool:
     """Whether a NUL character hides in any key or string of a parsed record."""
     if isinstance(value, str):
@@ -64,6 +89,26 @@ class SetAside:
         self.partitions: dict[str, dict[str, int]] = {}
         self.unplaced: dict[str, int] = {}
         self.lines: list[dict[str, Any]] = []
+        # the records whose entity is known: {"entity_key", "partition", "line", "reason",
+        # "values"}; their entities keep their published rows (sync.datasets.materialise)
+        self.entities: list[dict[str, Any]] = []
+
+    def keep_entity(
+        self, item: InvalidRecord, entity_key: str, values: list[dict[str, Any]]
+    ) -> None:
+        """Keep what was set aside of one record whose entity key is known."""
+        if len(self.entities) < SET_ASIDE_KEPT:
+            self.entities.append(
+                {
+                    "entity_key": entity_key,
+                    "partition": item.partition
+                    if item.partition is not None and len(item.partition) <= PARTITION_LIMIT
+                    else None,
+                    "line": item.line,
+                    "reason": item.reason,
+                    "values": values,
+                }
+            )
 
     def add(self, item: InvalidRecord) -> None:
         """Count one invalid record."""
@@ -151,7 +196,13 @@ def stage_export(
                 max_record_bytes=max_record_bytes,
             )
             if problem is not None:  # set aside and counted: one bad record never sinks a job
-                invalid.add(InvalidRecord(line, *problem, partition=partition))
+                aside = InvalidRecord(line, *problem, partition=partition)
+                invalid.add(aside)
+                invalid.keep_entity(
+                    aside,
+                    staged[1],
+                    values_at_fault(item, *problem, partition_field=identify.dataset.partition),
+                )
                 continue
         add(staged, lines.digest_of(line) if lines is not None else None)
         if read % 1000 == 0:

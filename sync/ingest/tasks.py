@@ -35,7 +35,7 @@ from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.cloud.errors import CloudError
 from sync.cloud.jobs import CloudJob
-from sync.ingest import job_changes, job_export, run_rows, staging, store
+from sync.ingest import job_changes, job_export, run_rows, set_aside, staging, store
 from sync.ingest.failures import (
     PERMANENT,
     JobNotFinishedError,
@@ -349,6 +349,15 @@ def _finish_import(
         export_prefix=digest.prefix(),
         repeat_of=imported.origin,
     )
+    if read.invalid.entities:
+        set_aside.keep(
+            session,
+            run_id=target.run_id,
+            dataset=target.dataset.name,
+            job_id=job.id,
+            entities=read.invalid.entities,
+            now=now,
+        )
 
 
 def _heartbeat(services: Services, lease: Lease) -> datetime:

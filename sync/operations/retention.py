@@ -49,6 +49,7 @@ from sync.models import (
     OutboxEvent,
     Publication,
     Run,
+    SetAsideRecord,
 )
 from sync.runs.publication import window_order
 from sync.states import OutboxState, RunState
@@ -231,6 +232,10 @@ def prune_observations(services: Services, limits: Limits = DEFAULT_LIMITS) -> i
                     picked = o.alias("picked")
                     chosen = select(picked.c.id).where(picked.c.run_id == run_id).limit(size)
                     gone = _delete_in(session, Observation, "id", chosen)
+                    if gone < size:  # the run's last rows: its set-aside records go with them
+                        session.execute(
+                            delete(SetAsideRecord).where(SetAsideRecord.run_id == run_id)
+                        )
                     session.commit()
                 left -= gone
                 if gone < size:

@@ -34,6 +34,7 @@ from sync.models import (
     SyncTask,
 )
 from sync.operations import heartbeat
+from sync.runs import verdict_rows
 from sync.states import AttemptOutcome, OutboxState, PassKind, RunState, TaskState
 
 TASK_STATES: tuple[str, ...] = tuple(TaskState)  # in lifecycle order
@@ -249,6 +250,8 @@ def _run_row(run: Run, parts: _RunParts) -> dict[str, Any]:
         "changes": parts.changes.get(run.run_id),
         "reasons": [reason_text(r) for r in run.reasons or []],
         "reason_details": [reason_detail(r) for r in run.reasons or []],
+        "decision": verdict_rows.decided_by(run),
+        "diagnosis": run.diagnosis,
         "created_at": _iso(run.created_at),
         "evaluated_at": _iso(run.evaluated_at),
         "accepted_at": _iso(run.accepted_at),

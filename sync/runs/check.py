@@ -9,11 +9,11 @@ from typing import Any
 from sqlalchemy import text
 
 from config.datasets import Datasets
-from sync.acceptance.facts import CANDIDATE
+from sync.acceptance.facts import ACCEPTED, CANDIDATE
 from sync.acceptance.verdict import judge, waiting_for_tasks
 from sync.bootstrap import Services
 from sync.models import Run
-from sync.runs import evidence
+from sync.runs import diagnosis, evidence
 from sync.states import PartitionState
 
 
@@ -34,6 +34,24 @@ class Rejudgement:
     history_runs: int
     min_history: int
     profile: dict[str, Any] | None
+    # what most likely broke and what to run next, when it would not be accepted
+    diagnosis: dict[str, Any] | None = None
+
+    def baseline_line(self) -> str:
+        """What the run was held against, as ``scrapesync check`` says it."""
+        if len(self.baseline_runs) == 1 and self.history_runs < self.min_history:
+            return (
+                f"baseline: the last accepted run, {self.baseline_runs[0]} ({self.history_runs} "
+                f"accepted run(s) before this one; the median from {self.min_history} on)"
+            )
+        if self.baseline_runs:
+            return f"baseline: the median of {len(self.baseline_runs)} accepted run(s): " + (
+                ", ".join(self.baseline_runs)
+            )
+        return (
+            f"baseline: none ({self.history_runs} accepted run(s) before this one; the history "
+            f"rules wait for {self.min_history})"
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """The re-judgement as JSON-able values."""
@@ -51,6 +69,7 @@ class Rejudgement:
             "reasons": self.reasons,
             "partitions": self.partitions,
             "profile": self.profile,
+            "diagnosis": self.diagnosis,
         }
 
 
@@ -113,4 +132,11 @@ def rejudge(
             history_runs=len(history),
             min_history=dataset.quality.min_history,
             profile=judgement.profile.as_dict() if judgement.profile is not None else None,
+            diagnosis=(
+                diagnosis.with_selectors_of(
+                    diagnosis.of(session, run, dataset, judgement), run.diagnosis
+                )
+                if judgement.state != ACCEPTED
+                else None
+            ),
         )

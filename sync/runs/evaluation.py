@@ -33,32 +33,28 @@ from datetime import datetime
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import delete, or_, select, text, update
+from sqlalchemy import or_, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
-from sync import logs, outbox
-from sync.acceptance.facts import ACCEPTED, CANDIDATE, NO_PARTITION, Judgement
+from sync import logs
+from sync.acceptance.decisions import cancelled_reason, decided
+from sync.acceptance.facts import ACCEPTED, CANDIDATE, Judgement
 from sync.acceptance.verdict import judge, waiting_for_tasks
 from sync.alerts.verdicts import after_verdict
 from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
 from sync.datasets import schema
-from sync.models import (
-    Observation,
-    PartitionVerdict,
-    Run,
-    RunProfile,
-    ScrapingJob,
-)
+from sync.models import PartitionVerdict, Run, ScrapingJob
 from sync.queue import evaluation_job_id
-from sync.runs import evidence, publication
-from sync.states import EvaluationOutcome, EventType, PartitionState, RunState, ValidationState
+from sync.runs import diagnosis, evidence, publication, quarantine, verdict_rows
+from sync.states import Decision, EvaluationOutcome, EventType, PartitionState, RunState
 
 log = logs.get("runs")
 
 DECIDED = (RunState.ACCEPTED, RunState.PUBLISHED, RunState.REJECTED)
+SETTLED = (*DECIDED, *quarantine.HELD)
 OPEN = (RunState.COLLECTING, RunState.CANDIDATE)
 PROBLEMATIC_URL_LIMIT = 500
 CONFLICT_RETRIES = 5
@@ -96,14 +92,37 @@ def evaluate_run(services: Services, run_id: str, *, force: bool = False) -> Eva
             judged = _already_judged(services, run_id)
             if judged is not None:
                 return judged
-        return _evaluate(services, run_id)
+            held = quarantine.held(services, run_id)
+            if held is not None:
+                return Evaluation(
+                    run_id,
+                    EvaluationOutcome.UNCHANGED,
+                    held.state,
+                    held.revision,
+                    reasons=held.reasons,
+                )
+        try:
+            return _evaluate(services, run_id)
+        except Exception as exc:
+            if not quarantine.counts_against_the_run(exc):
+                raise
+            stopped = quarantine.record_failure(services, run_id, exc)
+            if stopped is None:
+                raise
+            return Evaluation(
+                run_id,
+                EvaluationOutcome.QUARANTINED,
+                stopped.state,
+                stopped.revision,
+                reasons=stopped.reasons,
+            )
 
 
 def _already_judged(services: Services, run_id: str) -> Evaluation | None:
     """The run's verdict, when it was given on the data the run holds now."""
     with services.uow.begin() as session:
         run = session.get(Run, run_id)
-        if run is None or run.state not in DECIDED or run.evaluated_version != run.data_version:
+        if run is None or run.state not in SETTLED or run.evaluated_version != run.data_version:
             return None
         return Evaluation(
             run_id, EvaluationOutcome.UNCHANGED, run.state, run.revision, reasons=tuple(run.reasons)
@@ -137,6 +156,8 @@ def _evaluate(services: Services, run_id: str) -> Evaluation:
                 raise
             log.info("evaluation.conflict", extra={"run_id": run_id, "attempt": attempt})
     services.killpoints.reached("after-acceptance")
+    if result.state == RunState.REJECTED:
+        diagnosis.add_selectors(services, run_id)
     for event_id in result.events:
         services.dispatcher.delivery(event_id)
     if result.events and services.datasets.alerts:
@@ -244,6 +265,10 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
             log.warning("evaluation.unconfigured", extra={"run_id": run_id, "dataset": run.dataset})
             return Evaluation(run_id, EvaluationOutcome.UNCONFIGURED, run.state, run.revision)
         dataset = services.datasets.get(run.dataset)
+        if run.decision == Decision.CANCEL:
+            result = _cancel(session, run, dataset, now, schema=services.settings.data_schema)
+            session.commit()
+            return result
         waiting = waiting_for_tasks(evidence.pending_tasks(session, run_id))
         if waiting is not None:
             if run.state in OPEN:
@@ -268,6 +293,7 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
             history=evidence.accepted_history(session, run, limit=dataset.quality.baseline_runs),
             run_id=run_id,
         )
+        judgement = decided(judgement, run.decision, run.decision_reason, run.decided_at)
         if judgement.state == CANDIDATE:
             # Waiting for Cloud's data-quality result: evaluated_at stays, so the sweep retries.
             if run.state in OPEN:
@@ -326,20 +352,24 @@ def _apply(
         or old_verdicts != new_verdicts
         or pending_rows > 0
     )
-    _write_partition_verdicts(session, run.run_id, judgement, now)
-    _mark_observations(session, run.run_id, judgement)
+    verdict_rows.write_partition_verdicts(session, run.run_id, judgement, now)
+    verdict_rows.mark_observations(session, run.run_id, judgement)
     run.reasons = [r.as_dict() for r in judgement.reasons]
     run.evaluated_at = now
     run.evaluated_version = run.data_version  # read in this transaction's snapshot
+    run.evaluation_failures = 0
+    run.diagnosis = diagnosis.kept(session, run, dataset, judgement)
     events: list[str] = []
     if changed:
         run.revision += 1
-        summary = _summary(run, judgement)
+        summary = verdict_rows.summary(run, judgement)
         if now_accepted:
             run.accepted_at = now
             if old_state != RunState.PUBLISHED:
                 run.state = RunState.ACCEPTED
-            events.append(_announce(session, dataset, run, EventType.RUN_ACCEPTED, summary, now))
+            events.append(
+                verdict_rows.announce(session, dataset, run, EventType.RUN_ACCEPTED, summary, now)
+            )
             current = publication.current_publication(session, dataset.name)
             if publication.publishes(session, run, current):
                 events.extend(
@@ -355,9 +385,11 @@ def _apply(
                 )
         else:
             run.state = RunState.REJECTED
-            events.append(_announce(session, dataset, run, EventType.RUN_REJECTED, summary, now))
+            events.append(
+                verdict_rows.announce(session, dataset, run, EventType.RUN_REJECTED, summary, now)
+            )
             events.extend(publication.withdraw(session, dataset, run, now, schema=schema))
-    _keep_profile(session, run, judgement, now)
+    verdict_rows.keep_profile(session, run, judgement, now)
     outcome = run.state if changed else EvaluationOutcome.UNCHANGED
     return Evaluation(
         run.run_id,
@@ -369,110 +401,38 @@ def _apply(
     )
 
 
-def _summary(run: Run, judgement: Judgement) -> dict[str, Any]:
-    return {
+def _cancel(
+    session: Session, run: Run, dataset: Dataset, now: datetime, *, schema: str
+) -> Evaluation:
+    """An operator stopped waiting for the run: it is ``cancelled``, announced so once, and
+    withdrawn if it was published (the pointer falls back to the last accepted run)."""
+    run.evaluated_at = now
+    run.evaluated_version = run.data_version
+    if run.state == RunState.CANCELLED:
+        return Evaluation(run.run_id, EvaluationOutcome.UNCHANGED, run.state, run.revision)
+    run.state = RunState.CANCELLED
+    run.reasons = [cancelled_reason(run.decision_reason, run.decided_at).as_dict()]
+    run.revision += 1
+    payload = {
+        **verdict_rows.decided_by(run),
         "run_id": run.run_id,
         "dataset": run.dataset,
         "collection_window": run.collection_window,
         "revision": run.revision,
-        "state": judgement.state,
-        "records": judgement.counted_records,
-        "partitions": {
-            p.partition: {
-                "state": PartitionState.PASSED if p.passed else PartitionState.QUARANTINED,
-                "records": p.records,
-            }
-            for p in judgement.partitions
-        },
-        "reasons": [r.as_dict() for r in judgement.reasons],
+        "state": run.state,
+        "reasons": run.reasons,
     }
-
-
-def _announce(
-    session: Session,
-    dataset: Dataset,
-    run: Run,
-    event_type: str,
-    payload: dict[str, Any],
-    now: datetime,
-) -> str:
-    return outbox.write_event(
-        session,
-        event_type=event_type,
-        run_id=run.run_id,
-        dataset=dataset.name,
-        revision=run.revision,
-        payload=payload,
-        destinations=[d.key for d in dataset.destinations],
-        now=now,
+    events = [verdict_rows.announce(session, dataset, run, EventType.RUN_CANCELLED, payload, now)]
+    events.extend(publication.withdraw(session, dataset, run, now, schema=schema))
+    verdict_rows.keep_profile(session, run, _NO_PROFILE, now)
+    return Evaluation(
+        run.run_id,
+        run.state,
+        run.state,
+        run.revision,
+        events=tuple(events),
+        reasons=tuple(run.reasons),
     )
 
 
-# --- writing the verdict ------------------------------------------------------------------------
-
-
-def _write_partition_verdicts(
-    session: Session, run_id: str, judgement: Judgement, now: datetime
-) -> None:
-    session.execute(delete(PartitionVerdict).where(PartitionVerdict.run_id == run_id))
-    for p in judgement.partitions:
-        session.add(
-            PartitionVerdict(
-                run_id=run_id,
-                partition=p.partition,
-                state=PartitionState.PASSED if p.passed else PartitionState.QUARANTINED,
-                records=p.records,
-                reasons=[r.as_dict() for r in p.reasons],
-                evaluated_at=now,
-            )
-        )
-    session.flush()
-
-
-def _keep_profile(session: Session, run: Run, judgement: Judgement, now: datetime) -> None:
-    """An accepted run's profile joins its dataset's history; a rejected run's leaves it."""
-    profile = judgement.profile
-    if judgement.state != ACCEPTED or profile is None:
-        session.execute(delete(RunProfile).where(RunProfile.run_id == run.run_id))
-        return
-    values = profile.as_dict()
-    session.merge(
-        RunProfile(
-            run_id=run.run_id,
-            dataset=run.dataset,
-            revision=run.revision,
-            records=profile.records,
-            partitions=values["partitions"],
-            fill_rates=values["fill_rates"],
-            partition_fill_rates=values["partition_fill_rates"],
-            fields=values["fields"],
-            profiled_at=now,
-        )
-    )
-
-
-def _in_partitions(names: list[str]) -> Any:
-    named = [n for n in names if n != NO_PARTITION]
-    conditions = [Observation.partition.in_(named)] if named else []
-    if NO_PARTITION in names:
-        conditions.append(Observation.partition.is_(None))
-    return or_(*conditions) if conditions else None
-
-
-def _mark_observations(session: Session, run_id: str, judgement: Judgement) -> None:
-    """Quarantine the failed partitions' rows and mark the rest valid; rows this evaluation did
-    not read (written by a sync since) are left alone: REPEATABLE READ refuses to touch them."""
-    groups = {
-        ValidationState.QUARANTINED: [p.partition for p in judgement.partitions if not p.passed],
-        ValidationState.VALID: [p.partition for p in judgement.partitions if p.passed],
-    }
-    for state, names in groups.items():
-        where = _in_partitions(names)
-        if where is None:
-            continue
-        session.execute(
-            update(Observation)
-            .where(Observation.run_id == run_id, where, Observation.validation_state != state)
-            .values(validation_state=state)
-            .execution_options(synchronize_session=False)
-        )
+_NO_PROFILE = Judgement(state=RunState.CANCELLED, reasons=(), partitions=(), counted_records=0)

@@ -10,18 +10,29 @@ same facts, so a re-judgement sees exactly what the evaluator saw.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
 from sync.acceptance.facts import ImportFacts, JobFacts, PartitionTally, Profile, RecordRules
 from sync.acceptance.records import tally_records
 from sync.ingest.store import task_key_for
-from sync.models import Attempt, Launch, Observation, Run, RunProfile, ScrapingJob, SyncTask
+from sync.models import (
+    Attempt,
+    Launch,
+    Observation,
+    OperatorDecision,
+    Run,
+    RunProfile,
+    ScrapingJob,
+    SyncTask,
+)
 from sync.states import (
     AttemptOutcome,
+    Decision,
     LaunchKind,
     LaunchState,
     RunState,
@@ -170,7 +181,9 @@ def tally(session: Session, run_id: str, dataset: Dataset) -> tuple[dict[str, Pa
 
 def accepted_history(session: Session, run: Run, *, limit: int) -> list[Profile]:
     """The profiles of the dataset's last ``limit`` accepted runs begun before ``run``, newest
-    first; rejected runs never count."""
+    first, and after the dataset's baseline reset in force when ``run`` began (if any);
+    rejected runs never count."""
+    reset = baseline_reset_before(session, run.dataset, run.created_at)
     rows = session.execute(
         select(RunProfile)
         .join(Run, Run.run_id == RunProfile.run_id)
@@ -179,6 +192,7 @@ def accepted_history(session: Session, run: Run, *, limit: int) -> list[Profile]
             Run.run_id != run.run_id,
             Run.state.in_((RunState.ACCEPTED, RunState.PUBLISHED)),
             Run.created_at < run.created_at,
+            *([Run.created_at > reset] if reset is not None else []),
         )
         .order_by(Run.created_at.desc(), Run.run_id.desc())
         .limit(limit)
@@ -196,3 +210,16 @@ def accepted_history(session: Session, run: Run, *, limit: int) -> list[Profile]
         )
         for row in rows
     ]
+
+
+def baseline_reset_before(session: Session, dataset: str, moment: datetime) -> datetime | None:
+    """When the dataset's baseline was last reset before ``moment`` (an operator's
+    ``baseline reset``): history rules compare only with runs begun after it."""
+    found: datetime | None = session.execute(
+        select(func.max(OperatorDecision.decided_at)).where(
+            OperatorDecision.dataset == dataset,
+            OperatorDecision.action == Decision.BASELINE_RESET,
+            OperatorDecision.decided_at < moment,
+        )
+    ).scalar_one()
+    return found

@@ -171,15 +171,26 @@ def test_rejected_runs_never_enter_the_baseline(
     assert (found.state, found.reasons) == ("published", [])
 
 
-@pytest.mark.slow
-def test_the_first_runs_are_judged_by_the_absolute_rules_only(
+def test_a_40_percent_drop_after_two_accepted_runs_is_rejected_with_its_figures(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
-    """Before three runs were accepted a smaller run is no record_drop: there is no history
-    to hold it against yet."""
+    """Before three runs were accepted the last accepted run is the baseline: 240 records after
+    400 and 400 is a record_drop with got, baseline and allowed, and the last run stays
+    published."""
     collect(web, services, cloud, product_records(400))
-    collect(web, services, cloud, product_records(400, start=400))
-    found = verdict(services, collect(web, services, cloud, product_records(100, start=800)))
-    assert (found.state, found.reasons) == ("published", [])
+    second = collect(web, services, cloud, product_records(400, start=400))
+    run_id = collect(web, services, cloud, product_records(240, start=800))
+    found = verdict(services, run_id)
+    assert found.state == "rejected"
+    (reason,) = found.reasons
+    assert (reason["code"], reason["got"], reason["baseline"], reason["expected"]) == (
+        "record_drop",
+        240,
+        400,
+        300,
+    )
+    assert reason["detail"] == {"drop_percent": 40.0, "max_drop_percent": 25, "baseline_runs": 1}
+    assert "against a baseline of 400 (the last accepted run)" in reason["message"]
+    assert published(services) == second
     with services.uow.begin() as session:
-        assert len(session.execute(select(RunProfile)).all()) == 3
+        assert len(session.execute(select(RunProfile)).all()) == 2

@@ -116,19 +116,41 @@ def test_a_profile_has_records_per_partition_and_fill_rates_overall_and_per_part
     assert "title" not in blank.fields  # present but never filled: not seen
 
 
-def test_a_cold_start_is_judged_by_the_absolute_rules_only() -> None:
-    """With fewer accepted runs than min_history, even a 90% drop passes the history rules;
-    from the third run on the same drop is a record_drop."""
+def test_only_the_first_run_is_judged_by_the_absolute_rules_alone() -> None:
+    """With no accepted run there is nothing to compare with; from the second run on a 90% drop
+    is a record_drop, against the last accepted run until min_history, then the median."""
     small = tallies(even(40))
-    for sizes in ((), (400,), (400, 400)):
+    verdict = judged(small, history_of())
+    assert (verdict.state, verdict.baseline) == ("accepted", None)
+    assert not [c for c in verdict.checks if c.rule == "record_drop"]
+    for sizes in ((400,), (400, 400), (400, 400, 400)):
         verdict = judged(small, history_of(*sizes))
-        assert (verdict.state, verdict.baseline) == ("accepted", None)
-        assert not [c for c in verdict.checks if c.rule == "record_drop"]
-    verdict = judged(small, history_of(400, 400, 400))
-    assert verdict.state == "rejected"
-    assert "record_drop" in codes(verdict)
+        assert verdict.state == "rejected"
+        assert "record_drop" in codes(verdict)
     few = replace(PRODUCTS, quality=replace(PRODUCTS.quality, min_history=1))
     assert "record_drop" in codes(judged(small, history_of(400), few))
+
+
+def test_before_min_history_the_last_accepted_run_is_the_baseline() -> None:
+    """1,200 records after 2,000 and 2,000: a 40% drop against the last accepted run, with its
+    figures; 2,400 after them is a gain and passes."""
+    history = history_of(2000, 2000)
+    verdict = judged(tallies(even(1200)), history)
+    assert verdict.state == "rejected"
+    assert verdict.baseline is not None
+    assert len(verdict.baseline.runs) == 1
+    (reason,) = verdict.reasons
+    assert (reason.code, reason.got, reason.baseline, reason.expected) == (
+        "record_drop",
+        1200,
+        2000,
+        1500,
+    )
+    assert reason.detail == {"drop_percent": 40.0, "max_drop_percent": 25, "baseline_runs": 1}
+    assert "(the last accepted run)" in reason.message
+    assert judged(tallies(even(2400)), history).state == "accepted"
+    # the last run is the one compared with, not the older ones
+    assert judged(tallies(even(1200)), history_of(1200, 2000)).state == "accepted"
 
 
 def test_record_drop_holds_the_run_against_the_median_with_got_baseline_and_allowed() -> None:

@@ -11,7 +11,7 @@ from sqlalchemy import func, insert, select
 
 from sync.bootstrap import Services
 from sync.datasets.tables import DatasetTables
-from sync.models import MaintenanceRun, OutboxEvent, PartitionVerdict, Run
+from sync.models import MaintenanceRun, OutboxEvent, PartitionVerdict, Run, SetAsideRecord
 from sync.operations import maintenance, retention
 from sync.operations.retention import WindowRun
 from tests.operations.conftest import NOW, add_runs, observe, publish, window, windows_left
@@ -172,3 +172,28 @@ def test_windows_are_ordered_in_time_not_as_text() -> None:
     assert retention.expired(days, 5) == []
     changed = [_run("w", "2026-W01", 10), *days, _run("j", "job-1", 1)]
     assert retention.expired(changed, 2) == ["j", "a", "b"]
+
+
+def test_a_runs_set_aside_records_go_with_its_last_observations(kept: Services) -> None:
+    """The records a run set aside are kept while its observations are, and deleted with its
+    last batch of them."""
+    with kept.uow.begin() as session:
+        run_ids = add_runs(session, "pruned", range(9))
+        publish(session, "pruned", run_ids[-1])
+        observe(session, "pruned", run_ids, 3)
+        for run_id in (run_ids[0], run_ids[-1]):
+            session.add(
+                SetAsideRecord(
+                    run_id=run_id,
+                    dataset="pruned",
+                    entity_key="SKU-X",
+                    job_id=1,
+                    reason="nul_character",
+                    values=[{"field": "title", "reason": "nul_character"}],
+                )
+            )
+        session.commit()
+    retention.prune_observations(kept)
+    with kept.uow.begin() as session:
+        left = session.execute(select(SetAsideRecord.run_id)).scalars().all()
+    assert left == [run_ids[-1]]
