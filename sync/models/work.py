@@ -1,105 +1,33 @@
-"""The system of record: runs, scraping jobs, the inbox, sync tasks, attempts, observations,
-partition verdicts, the outbox and its deliveries, publications, the datasets' typed columns,
-launches and run profiles."""
+"""The work of a sync and its verdicts: runs, scraping jobs, the inbox, sync tasks and their
+attempts, observations and what was set aside, partition verdicts, run profiles, launches,
+maintenance passes and operator decisions."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
-    Boolean,
-    DateTime,
     ForeignKey,
     Index,
     Integer,
     LargeBinary,
-    MetaData,
     String,
     Text,
     UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.orm import Mapped, mapped_column
 
-from sync import secrecy
+from sync.models.base import Base, Payload, ScrubbedPayload, ScrubbedText, utcnow
 from sync.states import (
     AttemptOutcome,
-    DeliveryState,
     LaunchState,
-    OutboxState,
     RunState,
     TaskState,
     ValidationState,
 )
-
-NAMING = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-
-def utcnow() -> datetime:
-    """The current time, timezone-aware in UTC."""
-    return datetime.now(UTC)
-
-
-class UTCDateTime(TypeDecorator[datetime]):
-    """A timestamp stored as naive UTC and read back timezone-aware, alike on every database."""
-
-    impl = DateTime
-    cache_ok = True
-
-    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        if value is None:
-            return None
-        if value.tzinfo is None:
-            raise ValueError("naive datetimes are ambiguous; pass a timezone-aware one")
-        return value.astimezone(UTC).replace(tzinfo=None)
-
-    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
-        return None if value is None else value.replace(tzinfo=UTC)
-
-
-Payload = JSON().with_variant(JSONB(), "postgresql")
-
-
-class ScrubbedText(TypeDecorator[str]):
-    """Text that never stores a secret: every configured secret is masked on the way in."""
-
-    impl = Text
-    cache_ok = True
-
-    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
-        return None if value is None else secrecy.scrub(value)
-
-
-class ScrubbedPayload(TypeDecorator[Any]):
-    """A JSON document that never stores a secret in any of its strings."""
-
-    impl = JSON
-    cache_ok = True
-
-    def load_dialect_impl(self, dialect: Dialect) -> Any:
-        return dialect.type_descriptor(JSONB() if dialect.name == "postgresql" else JSON())
-
-    def process_bind_param(self, value: Any, dialect: Dialect) -> Any:
-        return secrecy.scrub_value(value)
-
-
-class Base(DeclarativeBase):
-    """Declarative base with constraint names that migrate the same on every database."""
-
-    metadata = MetaData(naming_convention=NAMING)
-    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: Payload}
 
 
 class Run(Base):
@@ -287,103 +215,44 @@ class PartitionVerdict(Base):
     __table_args__ = (UniqueConstraint("run_id", "partition"),)
 
 
-class OutboxEvent(Base):
-    """An announcement written in the same transaction as the change it announces."""
+class RunProfile(Base):
+    """What an accepted run held, kept when it was accepted: the history later runs of its
+    dataset are judged against (records per partition, each field's fill rate in percent over
+    the run and per partition, the fields seen)."""
 
-    __tablename__ = "outbox"
+    __tablename__ = "run_profiles"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    event_id: Mapped[str] = mapped_column(String(100), unique=True)
-    run_id: Mapped[str | None] = mapped_column(String(200), index=True)
-    dataset: Mapped[str | None] = mapped_column(String(100))
-    event_type: Mapped[str] = mapped_column(String(50))
-    payload: Mapped[dict[str, Any]]
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    state: Mapped[str] = mapped_column(String(20), default=OutboxState.UNSENT, index=True)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
-    delivered_at: Mapped[datetime | None] = mapped_column(index=True)  # retention
-    last_error: Mapped[str | None] = mapped_column(ScrubbedText)
-    # the event's place in the pull feed, given once it is committed, in commit order
-    feed_position: Mapped[int | None] = mapped_column(BigInteger, unique=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"), primary_key=True)
+    dataset: Mapped[str] = mapped_column(String(100), index=True)
+    revision: Mapped[int] = mapped_column(Integer)
+    records: Mapped[int] = mapped_column(Integer)
+    partitions: Mapped[dict[str, Any]]
+    fill_rates: Mapped[dict[str, Any]]
+    partition_fill_rates: Mapped[dict[str, Any]]
+    fields: Mapped[list[Any]] = mapped_column(Payload)
+    profiled_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class Delivery(Base):
-    """One outbox event on its way to one destination."""
+class SetAsideRecord(Base):
+    """A record of a run set aside at import (a NUL, an overlong value...) whose entity is
+    known: its entity keeps its last published row, flagged stale, and is never reported
+    removed for it."""
 
-    __tablename__ = "deliveries"
-
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    event_id: Mapped[str] = mapped_column(ForeignKey("outbox.event_id"))
-    destination: Mapped[str] = mapped_column(String(500))
-    state: Mapped[str] = mapped_column(String(20), default=DeliveryState.UNSENT)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
-    lease_until: Mapped[datetime | None]
-    delivered_at: Mapped[datetime | None]
-    last_status: Mapped[int | None] = mapped_column(Integer)
-    last_error: Mapped[str | None] = mapped_column(ScrubbedText)
-    last_attempt_at: Mapped[datetime | None]
-
-    __table_args__ = (
-        UniqueConstraint("event_id", "destination"),
-        # the relay's "oldest waiting delivery of this destination" (deliveries queue up)
-        Index("ix_deliveries_destination_state", "destination", "state", "id"),
-    )
-
-
-class DestinationState(Base):
-    """What the relay knows of one destination: since when it keeps failing, and whether it is
-    disabled (it answered 410 Gone) until an operator enables it again."""
-
-    __tablename__ = "destination_states"
-
-    destination: Mapped[str] = mapped_column(String(500), primary_key=True)
-    failing_since: Mapped[datetime | None]
-    disabled_at: Mapped[datetime | None]
-    disabled_reason: Mapped[str | None] = mapped_column(ScrubbedText)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class Publication(Base):
-    """The published-dataset pointer and its history: one current row per dataset."""
-
-    __tablename__ = "publications"
+    __tablename__ = "set_aside_records"
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(200))
     dataset: Mapped[str] = mapped_column(String(100))
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"))
-    is_current: Mapped[bool] = mapped_column(Boolean, default=True)
-    published_at: Mapped[datetime] = mapped_column(default=utcnow)
-    superseded_at: Mapped[datetime | None]
-    event_id: Mapped[str | None] = mapped_column(String(100))
-    # what this publication changed for readers: {"added", "removed", "changed": counts,
-    # "baseline": the dataset's first publication, "previous_run_id"}
-    changes: Mapped[dict[str, Any] | None]
+    entity_key: Mapped[str] = mapped_column(Text)
+    partition: Mapped[str | None] = mapped_column(String(200))
+    job_id: Mapped[int] = mapped_column(BigInteger)
+    line: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str] = mapped_column(String(50))
+    # the values at fault: [{"field", "reason", "detail"}]
+    values: Mapped[list[Any]] = mapped_column(ScrubbedPayload, default=list)
+    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (
-        Index(
-            "uq_publications_current",
-            "dataset",
-            unique=True,
-            postgresql_where=text("is_current"),
-            sqlite_where=text("is_current"),
-        ),
-    )
-
-
-class DatasetColumn(Base):
-    """One typed column of a dataset's tables as they stand: its source field and type, so that
-    an upgrade knows what to add, drop or rebuild when the datasets file changes."""
-
-    __tablename__ = "dataset_columns"
-
-    dataset: Mapped[str] = mapped_column(String(100), primary_key=True)
-    column_name: Mapped[str] = mapped_column(String(63), primary_key=True)
-    field: Mapped[str] = mapped_column(Text)
-    type: Mapped[str] = mapped_column(String(20))
-    decimal: Mapped[str] = mapped_column(String(1))
-    position: Mapped[int] = mapped_column(Integer)
+    __table_args__ = (UniqueConstraint("run_id", "entity_key"),)
 
 
 class Launch(Base):
@@ -417,72 +286,6 @@ class MaintenanceRun(Base):
     summary: Mapped[dict[str, Any]] = mapped_column(ScrubbedPayload, default=dict)
 
 
-class RunProfile(Base):
-    """What an accepted run held, kept when it was accepted: the history later runs of its
-    dataset are judged against (records per partition, each field's fill rate in percent over
-    the run and per partition, the fields seen)."""
-
-    __tablename__ = "run_profiles"
-
-    run_id: Mapped[str] = mapped_column(ForeignKey("runs.run_id"), primary_key=True)
-    dataset: Mapped[str] = mapped_column(String(100), index=True)
-    revision: Mapped[int] = mapped_column(Integer)
-    records: Mapped[int] = mapped_column(Integer)
-    partitions: Mapped[dict[str, Any]]
-    fill_rates: Mapped[dict[str, Any]]
-    partition_fill_rates: Mapped[dict[str, Any]]
-    fields: Mapped[list[Any]] = mapped_column(Payload)
-    profiled_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class AlertCondition(Base):
-    """What the alert channels were last told about one reason of one dataset ('' for the
-    account): whether it is firing, since when, and when its last message was written."""
-
-    __tablename__ = "alert_conditions"
-
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    dataset: Mapped[str] = mapped_column(String(100))
-    reason: Mapped[str] = mapped_column(String(40))
-    firing: Mapped[bool] = mapped_column(Boolean, default=False)
-    announced: Mapped[bool] = mapped_column(Boolean, default=False)
-    since: Mapped[datetime | None]
-    last_alerted_at: Mapped[datetime | None]
-    messages: Mapped[int] = mapped_column(Integer, default=0)
-    subject: Mapped[str | None] = mapped_column(String(200))
-    # the last message it had to say (sent later if the alert interval held it back)
-    notice: Mapped[dict[str, Any] | None] = mapped_column(ScrubbedPayload)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-    __table_args__ = (UniqueConstraint("dataset", "reason"),)
-
-
-class Alert(Base):
-    """One message to one alert channel, written in the transaction of the state it reports
-    and sent by :mod:`sync.alerts.sender` (``unsent -> sending -> delivered``, or ``failed``
-    and retried, or ``dead``)."""
-
-    __tablename__ = "alerts"
-
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    alert_id: Mapped[str] = mapped_column(String(100), unique=True)
-    channel: Mapped[str] = mapped_column(String(500))
-    dataset: Mapped[str | None] = mapped_column(String(100))
-    reason: Mapped[str] = mapped_column(String(40))
-    status: Mapped[str] = mapped_column(String(20))
-    subject: Mapped[str | None] = mapped_column(String(200))
-    text: Mapped[str] = mapped_column(ScrubbedText)
-    details: Mapped[dict[str, Any]] = mapped_column(ScrubbedPayload, default=dict)
-    command: Mapped[str] = mapped_column(String(300))
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    state: Mapped[str] = mapped_column(String(20), default=DeliveryState.UNSENT, index=True)
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    next_attempt_at: Mapped[datetime] = mapped_column(default=utcnow)
-    lease_until: Mapped[datetime | None]
-    sent_at: Mapped[datetime | None]
-    last_error: Mapped[str | None] = mapped_column(ScrubbedText)
-
-
 class OperatorDecision(Base):
     """One decision an operator took (accept, reject, cancel a run; reset a dataset's
     baseline), kept with its reason and time."""
@@ -496,25 +299,3 @@ class OperatorDecision(Base):
     reason: Mapped[str | None] = mapped_column(ScrubbedText)
     decided_by: Mapped[str] = mapped_column(String(20), default="operator")
     decided_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class SetAsideRecord(Base):
-    """A record of a run set aside at import (a NUL, an overlong value...) whose entity is
-    known: its entity keeps its last published row, flagged stale, and is never reported
-    removed for it."""
-
-    __tablename__ = "set_aside_records"
-
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(200))
-    dataset: Mapped[str] = mapped_column(String(100))
-    entity_key: Mapped[str] = mapped_column(Text)
-    partition: Mapped[str | None] = mapped_column(String(200))
-    job_id: Mapped[int] = mapped_column(BigInteger)
-    line: Mapped[int | None] = mapped_column(Integer)
-    reason: Mapped[str] = mapped_column(String(50))
-    # the values at fault: [{"field", "reason", "detail"}]
-    values: Mapped[list[Any]] = mapped_column(ScrubbedPayload, default=list)
-    recorded_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-    __table_args__ = (UniqueConstraint("run_id", "entity_key"),)
