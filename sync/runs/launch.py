@@ -407,3 +407,8 @@ def _outcome(row: Snapshot, *, created: bool, found: bool, message: str) -> Laun
         start_urls=row.start_urls,
         message=message,
     )
+
+
+def already_launched(row: Launch, message: str) -> LaunchOutcome:
+    """The outcome of a launch that found its batch's Cloud job already created."""
+    return _outcome(_snap(row), created=False, found=False, message=message)
