@@ -272,11 +272,12 @@ def rerun_command(
 @click.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Print the overview as JSON.")
 @click.option("--limit", default=20, show_default=True, help="How many recent runs to show.")
-def status_command(as_json: bool, limit: int) -> None:
+@click.option("--dataset", help="Only this dataset's runs, publication and tasks.")
+def status_command(as_json: bool, limit: int, dataset: str | None) -> None:
     """Runs, coverage and verdicts; tasks, outbox backlog, last reconcile, API budget."""
     from sync.operations import status, status_text
 
-    values = status.overview(_services(), limit=limit)
+    values = status.overview(_services(), limit=limit, dataset=dataset)
     if as_json:
         echo_json(values)
     else:

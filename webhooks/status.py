@@ -114,19 +114,34 @@ def chart(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def charts(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One chart per dataset, each on its own scale: a dataset of 50 records beside one of
+    50,000 keeps bars a person can read."""
+    by_dataset: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_dataset.setdefault(run["dataset"], []).append(run)
+    return [{"dataset": name, **chart(rows)} for name, rows in sorted(by_dataset.items())]
+
+
+def _dataset_asked() -> str | None:
+    """The dataset a request filters by (``?dataset=``), if any."""
+    return request.args.get("dataset") or None
+
+
 @bp.get("/status")
 def status_page() -> Any:
     """The operator's status page (HTML)."""
     refusal = _refusal()
     if refusal is not None:
         return refusal
-    values = status.overview(services_of(current_app))
+    values = status.overview(services_of(current_app), dataset=_dataset_asked())
     html = render_template(
         "status.html",
         o=values,
-        chart=chart(values["runs"]),
+        charts=charts(values["runs"]),
         colours=STATE_COLOURS,
         duration=status_text.duration,
+        coverage_text=status_text.coverage_text,
     )
     return _private(Response(html, mimetype="text/html"))
 
@@ -137,4 +152,4 @@ def runs_json() -> Any:
     refusal = _refusal()
     if refusal is not None:
         return refusal
-    return _private(jsonify(status.overview(services_of(current_app))))
+    return _private(jsonify(status.overview(services_of(current_app), dataset=_dataset_asked())))

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from sync import logs
 from sync.bootstrap import Services
@@ -74,6 +74,7 @@ class ReconcileReport:
     wanted: list[Wanted] = field(default_factory=list)
     enqueued: int = 0
     needs_attention: list[int] = field(default_factory=list)
+    ignored_tasks: list[int] = field(default_factory=list)  # failed tasks of other sitemaps
     launches_linked: list[str] = field(default_factory=list)
     tasks_due: int = 0
     tasks_requeued: int = 0
@@ -109,7 +110,7 @@ class ReconcileReport:
             f"reconcile: {self.listed} Cloud jobs listed, {self.in_range} in range; "
             f"{verb} {len(self.wanted)} syncs "
             f"({self._reasons()}); {self.unchanged} unchanged, {self.in_flight} in flight, "
-            f"{self.running} still running, {self.ignored} of other sitemaps; "
+            f"{self.running} still running, {self.ignored} of other sitemaps (ignored); "
             f"{self.tasks_requeued} stuck tasks re-queued ({self.tasks_due} due); "
             f"{len(self.runs_evaluated)} runs evaluated; {self.outbox_redriven} outbox events "
             f"re-driven; {len(self.launches_linked)} launches linked"
@@ -165,6 +166,7 @@ def reconcile(
     _check_jobs(services, report, in_range, on_progress)
     if not dry_run:
         _want(services, report)
+        _ignore(services, report.ignored_tasks)
         _link_launches(services, report, in_range)
         swept = sweeper.sweep(services)
         report.tasks_due, report.tasks_requeued = swept.due, swept.enqueued
@@ -207,7 +209,8 @@ def _finish(services: Services, pass_id: int, report: ReconcileReport) -> None:
         row = session.get(MaintenanceRun, pass_id)
         assert row is not None
         row.finished_at = report.finished_at
-        row.summary = {"state": "done", **report.as_dict()}
+        state = "done" if report.complete else "incomplete"
+        row.summary = {"state": state, **report.as_dict()}
         session.commit()
 
 
@@ -287,6 +290,8 @@ def _check_jobs(
                 select(JobRow.__table__).where(JobRow.job_id.in_(chunk))
             ).mappings():
                 rows[int(row["job_id"])] = dict(row)
+        # every listed job's task: another sitemap's job may have one, from a notification
+        for chunk in _chunks([j.id for j in jobs]):
             for job_id, state, error_class in session.execute(
                 select(SyncTask.job_id, SyncTask.state, SyncTask.last_error_class).where(
                     SyncTask.job_id.in_(chunk)
@@ -308,6 +313,8 @@ def _check_one(
 ) -> None:
     if not ours:
         report.ignored += 1
+        if task is not None and task[0] != TaskState.IGNORED and task[1] == "NoDatasetError":
+            report.ignored_tasks.append(job.id)
         return
     if not job.is_terminal:
         report.running += 1
@@ -321,6 +328,8 @@ def _check_one(
     if row is None:
         if task is None:
             report.wanted.append(Wanted(job.id, "never synced"))
+        elif task[0] == TaskState.IGNORED:  # its sitemap was added to the datasets file since
+            report.wanted.append(Wanted(job.id, "now configured"))
         else:
             report.needs_attention.append(job.id)
         return
@@ -336,6 +345,19 @@ def _want(services: Services, report: ReconcileReport) -> None:
         # a failure to queue is logged; the task row is durable and the sweeper below queues it
         if intake.want_sync(services, wish.job_id, failure_event="reconcile.enqueue_failed").queued:
             report.enqueued += 1
+
+
+def _ignore(services: Services, job_ids: Sequence[int]) -> None:
+    """Tasks of jobs whose sitemap feeds no dataset are ``ignored``, as the sync path leaves
+    them, never failed: an alert on failed tasks must not fire for another sitemap's job."""
+    for chunk in _chunks(list(job_ids)):
+        with services.uow.begin() as session:
+            session.execute(
+                update(SyncTask)
+                .where(SyncTask.job_id.in_(chunk), SyncTask.last_error_class == "NoDatasetError")
+                .values(state=TaskState.IGNORED, updated_at=services.clock())
+            )
+            session.commit()
 
 
 def _unlinked(services: Services, jobs: Sequence[CloudJob]) -> list[tuple[str, int]]:
