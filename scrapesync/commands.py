@@ -202,9 +202,17 @@ def launch_command(
 @click.command("reconcile")
 @click.option("--since", default="7d", show_default=True, help="Look back this far: 7d, 12h, 30m.")
 @click.option("--dry-run", is_flag=True, help="Only report what a pass would do.")
+@click.option(
+    "--wait",
+    "wait",
+    is_flag=True,
+    help="When Cloud or the API budget says to wait, wait (up to 15 min) and list again; "
+    "without it the pass ends at once, incomplete, and says how long it would have waited.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def reconcile_command(since: str, dry_run: bool, as_json: bool) -> None:
-    """Compare Cloud's jobs with ours and heal what notifications, workers and Redis lost."""
+def reconcile_command(since: str, dry_run: bool, wait: bool, as_json: bool) -> None:
+    """Compare Cloud's jobs with ours and heal what notifications, workers and Redis lost
+    (exit 3 when Cloud's listing could not be read whole)."""
 
     from sync.operations import reconcile
 
@@ -220,19 +228,22 @@ def reconcile_command(since: str, dry_run: bool, as_json: bool) -> None:
             services,
             since=look_back,
             dry_run=dry_run,
+            max_wait=reconcile.CLI_MAX_WAIT if wait else 0.0,
             on_progress=progress.reporter("checks") if interactive else None,
         )
     finally:
         progress.close()
     if as_json:
         echo_json(report.as_dict())
-        return
-    echo(report.summary_line())
-    if interactive:
-        for wish in report.wanted:
-            echo(f"  job {wish.job_id}: {wish.reason}")
-        for run_id in report.runs_evaluated:
-            echo(f"  run {run_id}: evaluated")
+    else:
+        echo(report.summary_line())
+        if interactive:
+            for wish in report.wanted:
+                echo(f"  job {wish.job_id}: {wish.reason}")
+            for run_id in report.runs_evaluated:
+                echo(f"  run {run_id}: evaluated")
+    if not report.complete:
+        sys.exit(3)
 
 
 @click.command("rerun")

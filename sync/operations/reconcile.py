@@ -44,6 +44,7 @@ log = logs.get("reconcile")
 DEFAULT_SINCE = timedelta(days=7)
 IN_FLIGHT = (TaskState.PENDING, TaskState.LEASED, TaskState.RETRY_WAIT)
 CHUNK = 500
+CLI_MAX_WAIT = 900.0  # `reconcile --wait`: at most one budget window
 WORKER_MAX_WAIT = 60.0  # a worker's pass stops early rather than outwait its RQ job timeout
 
 
@@ -66,6 +67,7 @@ class ReconcileReport:
     complete: bool = True
     listing_error: str | None = None
     waited_seconds: float = 0.0
+    would_wait_seconds: float | None = None  # the wait a complete listing needed, not taken
     in_range: int = 0
     ignored: int = 0
     running: int = 0
@@ -118,7 +120,12 @@ class ReconcileReport:
         if self.needs_attention:
             line += f"; needs attention: jobs {', '.join(map(str, self.needs_attention))}"
         if not self.complete:
-            line += f"; listing incomplete: {self.listing_error}"
+            line += f"; INCOMPLETE listing: {self.listing_error}"
+            if self.would_wait_seconds is not None:
+                line += (
+                    f" (a complete pass would wait {self.would_wait_seconds:.0f} s for the API "
+                    "budget: run it again then, or with --wait)"
+                )
         return line
 
     def _reasons(self) -> str:
@@ -241,6 +248,11 @@ def _list_jobs(
             wait = max(hinted if hinted is not None else guess, 0.0) + 1.0
             if report.waited_seconds + wait > max_wait:
                 report.complete, report.listing_error = False, str(exc)
+                report.would_wait_seconds = round(wait, 1)
+                log.warning(
+                    "reconcile.not_waiting",
+                    extra={"seconds": round(wait, 1), "max_wait": max_wait, "listed": len(seen)},
+                )
                 return list(seen.values())
             log.info("reconcile.waiting", extra={"seconds": round(wait, 1), "listed": len(seen)})
             sleep(wait)
