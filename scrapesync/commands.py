@@ -56,10 +56,26 @@ def _upgrade_datasets(settings: Settings) -> list[str]:
 
 @db_group.command("downgrade")
 @click.argument("revision")
-def db_downgrade(revision: str) -> None:
-    """Revert database migrations to REVISION (``base`` empties the schema)."""
+@click.option("--yes", is_flag=True, help="Drop what the downgrade drops (it says what first).")
+def db_downgrade(revision: str, yes: bool) -> None:
+    """Revert database migrations to REVISION (``base`` empties the schema and drops the
+    datasets' tables); below head it says what it drops and needs --yes."""
+    from sync.operations import downgrade
+
     settings = _settings()
+    db.require_database(settings.database_url)
+    plan = downgrade.plan(settings.database_url, revision, settings.data_schema)
+    if plan.below_head or plan.dataset_objects:
+        for line in plan.lines():
+            echo(line, err=not yes)
+        if not yes:
+            raise CommandError(
+                f"not downgraded: this drops data (above); run `scrapesync db downgrade "
+                f"{revision} --yes` to go ahead"
+            )
     db.downgrade(settings.database_url, revision)
+    if revision == "base":
+        downgrade.drop_dataset_objects(settings.database_url, settings.data_schema)
     echo(f"database at revision {revision}")
 
 

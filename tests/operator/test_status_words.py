@@ -107,7 +107,8 @@ def test_a_replaced_run_is_previously_published_and_coverage_is_capped(
 def test_status_and_the_api_filter_by_dataset(
     services: Services, two_datasets: dict[str, str]
 ) -> None:
-    """`status --dataset tiny` and `/api/runs?dataset=tiny` show tiny's runs and publication only."""
+    """`status --dataset tiny` and `/api/runs?dataset=tiny` show only tiny's runs and
+    publication."""
     shown = _status("--dataset", "tiny")
     assert [r["run_id"] for r in shown["runs"]] == [two_datasets["tiny"]]  # type: ignore[attr-defined]
     assert [p["dataset"] for p in shown["publications"]] == ["tiny"]  # type: ignore[attr-defined]
