@@ -9,6 +9,7 @@ import click
 
 from scrapesync import commands
 from scrapesync.terminal import CommandError, failure_of
+from sync import logs
 
 
 class Commands(click.Group):
@@ -29,10 +30,12 @@ class Commands(click.Group):
             raise failure from None
 
 
-@click.group(cls=Commands)
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="scrapesync", message="%(prog)s %(version)s")
 def main() -> None:
     """Keep a database in step with Web Scraper Cloud."""
+    # results go to standard output, log lines to standard error: `sync 123 --json | jq` works
+    logs.configure(to_stderr=True)
 
 
 for command in commands.ALL:

@@ -8,75 +8,15 @@ from typing import TYPE_CHECKING
 import click
 
 from config.settings import ConfigError, Settings
+from scrapesync.schema import db_group
 from scrapesync.terminal import CommandError, Progress, echo, echo_json
-from sync import db, logs
+from sync import logs
 from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.states import AttemptOutcome, ClaimOutcome, LaunchState, RunState, TaskState
 
 if TYPE_CHECKING:
     from sync.runs.check import Rejudgement
-
-
-@click.group("db")
-def db_group() -> None:
-    """Database schema."""
-
-
-@db_group.command("upgrade")
-@click.option("--revision", default="head", show_default=True)
-def db_upgrade(revision: str) -> None:
-    """Apply database migrations (the release process)."""
-    settings = _settings()
-    db.upgrade(settings.database_url, revision)
-    echo(f"database at revision {revision}")
-    if revision == "head":
-        for line in _upgrade_datasets(settings):
-            echo(line)
-
-
-def _upgrade_datasets(settings: Settings) -> list[str]:
-    """Bring the datasets' tables in line with the datasets file (after the migrations)."""
-    from config.datasets import DatasetsFileError, load_datasets
-    from sync.datasets.upgrade import upgrade_datasets
-
-    if not settings.datasets_path.exists():
-        return [f"no datasets file at {settings.datasets_path}: no dataset tables to check"]
-    try:
-        datasets = load_datasets(settings.datasets_path)
-    except DatasetsFileError as exc:
-        raise CommandError(str(exc)) from None
-    engine = db.make_engine(settings.database_url)
-    try:
-        done = upgrade_datasets(db.UnitOfWork(engine), datasets, settings.data_schema)
-    finally:
-        engine.dispose()
-    return [d.describe() for d in done]
-
-
-@db_group.command("downgrade")
-@click.argument("revision")
-@click.option("--yes", is_flag=True, help="Drop what the downgrade drops (it says what first).")
-def db_downgrade(revision: str, yes: bool) -> None:
-    """Revert database migrations to REVISION (``base`` empties the schema and drops the
-    datasets' tables); below head it says what it drops and needs --yes."""
-    from sync.operations import downgrade
-
-    settings = _settings()
-    db.require_database(settings.database_url)
-    plan = downgrade.plan(settings.database_url, revision, settings.data_schema)
-    if plan.below_head or plan.dataset_objects:
-        for line in plan.lines():
-            echo(line, err=not yes)
-        if not yes:
-            raise CommandError(
-                f"not downgraded: this drops data (above); run `scrapesync db downgrade "
-                f"{revision} --yes` to go ahead"
-            )
-    db.downgrade(settings.database_url, revision)
-    if revision == "base":
-        downgrade.drop_dataset_objects(settings.database_url, settings.data_schema)
-    echo(f"database at revision {revision}")
 
 
 def _settings() -> Settings:
@@ -100,14 +40,15 @@ def _services() -> Services:
     help="Download and merge the job's data even if Cloud reports it unchanged since the last "
     "sync (e.g. after changing the datasets file).",
 )
-def sync_command(job_id: int, force: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def sync_command(job_id: int, force: bool, as_json: bool) -> None:
     """Synchronise one Cloud scraping job now, in the foreground."""
     from sync.ingest import intake, tasks
 
     services = _services()
     logs.configure()
     wish = intake.want_sync(services, job_id, queue=False).wish  # this command is the worker
-    progress = Progress(enabled=_interactive())
+    progress = Progress(enabled=_interactive() and not as_json)
     try:
         result = tasks.run_sync(_with_progress(services, progress), wish.task_key, force=force)
     finally:
@@ -133,7 +74,9 @@ def sync_command(job_id: int, force: bool) -> None:
         )
     if result.error:
         line += f" ({result.error})"
-    echo(line)
+    if not as_json:
+        echo(line)
+    verdict = None
     if (
         result.outcome in (AttemptOutcome.COMMITTED, AttemptOutcome.UNCHANGED)
         and result.state == TaskState.COMMITTED
@@ -142,7 +85,12 @@ def sync_command(job_id: int, force: bool) -> None:
         from sync.runs import evaluation
 
         verdict = evaluation.evaluate_run(services, result.run_id, force=force)
-        echo(f"run {result.run_id}: {verdict.state} ({verdict.outcome})")
+        if not as_json:
+            echo(f"run {result.run_id}: {verdict.state} ({verdict.outcome})")
+    if as_json:
+        from scrapesync.habits import sync_json
+
+        echo_json(sync_json(result, verdict))
     if result.outcome not in (AttemptOutcome.COMMITTED, AttemptOutcome.UNCHANGED):
         sys.exit(1)
 
@@ -448,29 +396,48 @@ def demo_command(folder: str | None, records: int) -> None:
 @click.option(
     "--out",
     type=click.Path(),
-    help="A folder (versioned file name inside) or a file path (default: SCRAPESYNC_EXPORT_DIR).",
+    help="A folder (versioned file name inside), a file path, or - for standard output "
+    "(default: SCRAPESYNC_EXPORT_DIR).",
 )
-def export_command(dataset: str, run_id: str | None, fmt: str, out: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print where the export went as JSON.")
+def export_command(
+    dataset: str, run_id: str | None, fmt: str, out: str | None, as_json: bool
+) -> None:
     """Write the published run of DATASET (or --run) with its manifest; quarantined rows never."""
     from pathlib import Path
 
+    from scrapesync import habits
     from sync.datasets import export
 
+    to_stdout = out == habits.STDOUT
+    if to_stdout and as_json:
+        raise click.UsageError("--out - writes the records to standard output: drop --json")
     services = _services()
-    progress = Progress(enabled=_interactive())
-    try:
-        result = export.export_dataset(
+    progress = Progress(enabled=_interactive() and not to_stdout and not as_json)
+
+    def write(folder: Path | None) -> export.ExportResult:
+        return export.export_dataset(
             services,
             dataset,
             run_id=run_id,
             fmt=fmt,
-            out=Path(out) if out else None,
+            out=folder,
             on_progress=progress.reporter("export") if progress.enabled else None,
         )
+
+    try:
+        chosen = Path(out) if out and not to_stdout else None
+        result = habits.export_to_stdout(write) if to_stdout else write(chosen)
     except export.ExportError as exc:
         raise CommandError(str(exc)) from None
     finally:
         progress.close()
+    if to_stdout:
+        echo(f"run={result.run_id} revision={result.revision} records={result.records}", err=True)
+        return
+    if as_json:
+        echo_json(habits.export_json(result))
+        return
     echo(
         f"{result.path} run={result.run_id} revision={result.revision} "
         f"records={result.records} sha256={result.sha256}"
