@@ -26,10 +26,15 @@ def _settings() -> Settings:
         raise CommandError(str(exc)) from None
 
 
-def _services() -> Services:
+def _services(*, cloud: bool = False) -> Services:
+    """The command's services; ``cloud``: it talks to Cloud, so it stops before doing anything
+    when WEBSCRAPER_API_TOKEN is missing (naming it), not halfway through."""
     from sync import bootstrap
 
-    return bootstrap.from_env(role="cli")
+    services = bootstrap.from_env(role="cli")
+    if cloud:
+        services.settings.require_api_token()
+    return services
 
 
 @click.command("sync")
@@ -45,7 +50,7 @@ def sync_command(job_id: int, force: bool, as_json: bool) -> None:
     """Synchronise one Cloud scraping job now, in the foreground."""
     from sync.ingest import intake, tasks
 
-    services = _services()
+    services = _services(cloud=True)
     logs.configure()
     wish = intake.want_sync(services, job_id, queue=False).wish  # this command is the worker
     progress = Progress(enabled=_interactive() and not as_json)
@@ -149,7 +154,7 @@ def launch_command(
     """Start the Cloud job of DATASET's run for a window (the same window: the same run and job)."""
     from sync.runs import launch
 
-    services = _services()
+    services = _services(cloud=True)
     try:
         outcome = launch.launch(services, dataset, window=window, start_urls=start_urls)
     except launch.LaunchError as exc:
@@ -186,7 +191,7 @@ def reconcile_command(since: str, dry_run: bool, wait: bool, as_json: bool) -> N
         raise click.BadParameter(str(exc), param_hint="--since") from None
     interactive = _interactive() and not as_json
     progress = Progress(enabled=interactive)
-    services = _foreground(_with_progress(_services(), progress))
+    services = _foreground(_with_progress(_services(cloud=True), progress))
     try:
         report = reconcile.reconcile(
             services,
@@ -225,7 +230,7 @@ def rerun_command(
     chosen = sum([partition is not None, failed_pages, bool(urls)])
     if chosen != 1:
         raise click.UsageError("choose exactly one of --partition, --failed-pages or --url")
-    services = _services()
+    services = _services(cloud=True)
     try:
         outcome = rerun.rerun(
             services, run_id, partition=partition, failed_pages=failed_pages, urls=urls

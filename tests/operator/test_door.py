@@ -214,3 +214,44 @@ def test_healthz_answers_503_naming_postgresql_when_it_is_down(services: Service
     assert answer.status_code == 503
     assert "database" in answer.json["unreachable"]
     assert "PostgreSQL" in answer.json["detail"]
+
+
+@pytest.mark.parametrize("args", [["sync", "5"], ["launch", "products"], ["reconcile"]], ids=str)
+def test_commands_that_talk_to_cloud_name_the_missing_token_before_doing_anything(
+    tmp_path: Path, database_url: str, services: Services, args: list[str]
+) -> None:
+    """`sync`, `launch` and `reconcile` without WEBSCRAPER_API_TOKEN: one line naming it, exit
+    2, and no task or run written before the failure."""
+    from sqlalchemy import func, select
+
+    from sync.models import Run, SyncTask
+
+    env = _bare_env(tmp_path, DATABASE_URL=database_url)
+    done = _scrapesync(args, env, tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: ")
+    assert "WEBSCRAPER_API_TOKEN" in done.stderr
+    assert "Traceback" not in done.stderr
+    with services.uow.begin() as session:
+        assert session.execute(select(func.count()).select_from(SyncTask)).scalar_one() == 0
+        assert session.execute(select(func.count()).select_from(Run)).scalar_one() == 0
+
+
+@pytest.mark.parametrize(
+    ("missing", "present"),
+    [("WEBHOOK_TOKEN", {"REDIS_URL": "redis://127.0.0.1:6379/0"}), ("REDIS_URL", {})],
+)
+def test_the_web_process_names_a_missing_variable_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str, present: dict[str, str]
+) -> None:
+    """gunicorn's factory without WEBHOOK_TOKEN or REDIS_URL stops with the variable's name."""
+    from config.settings import ConfigError
+
+    monkeypatch.setenv("DATABASE_URL", f"sqlite:///{tmp_path / 'none.db'}")
+    monkeypatch.setenv("WEBHOOK_TOKEN", "set")
+    for name in ("REDIS_URL", missing):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in present.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=missing):
+        create_app()

@@ -106,3 +106,22 @@ def test_reconcile_marks_a_foreign_job_left_quarantined_as_ignored(
     assert json.loads(result.output)["ignored_tasks"] == [job_id]
     assert task_of(services, f"job-{job_id}").state == "ignored"
     assert _task_alerts(services)["ScrapesyncSyncsFailing"] == 0
+
+
+def test_status_lists_a_quarantined_task_with_its_reason(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """A task Cloud refuses to show (403) is listed by `status` as quarantined, with the error
+    class and message."""
+    sitemap = next(iter(cloud.sitemaps))
+    job_id = cloud.create_job(sitemap)
+    cloud.run_job(job_id, n=3)
+    cloud.inject_fault("status", path_contains=f"scraping-job/{job_id}", times=None, status=403)
+    notify(web, job_id)
+    drain(services)
+    assert task_of(services, f"job-{job_id}").state == "quarantined"
+    text = CliRunner().invoke(main, ["status"]).output
+    (line,) = [x for x in text.splitlines() if f"job {job_id}" in x]
+    assert line.strip().startswith("quarantined")
+    assert "CloudAuthError" in line
+    assert "quarantined" in text.split("tasks needing attention")[1].splitlines()[0]
