@@ -34,8 +34,6 @@ class Commands(click.Group):
 @click.version_option(package_name="scrapesync", message="%(prog)s %(version)s")
 def main() -> None:
     """Keep a database in step with Web Scraper Cloud."""
-    # results go to standard output, log lines to standard error: `sync 123 --json | jq` works
-    logs.configure(to_stderr=True)
 
 
 for command in commands.ALL:
@@ -43,7 +41,10 @@ for command in commands.ALL:
 
 
 def run() -> None:
-    """Entry point: expected failures (settings, database, Redis, Cloud) are one clear line."""
+    """Entry point: expected failures (settings, database, Redis, Cloud) are one clear line.
+    Results go to standard output and log lines to standard error, so that
+    ``scrapesync sync 123 --json | jq`` works."""
+    logs.configure(to_stderr=True)
     try:
         main()
     except Exception as exc:  # raised outside a command, e.g. while building the services

@@ -131,6 +131,7 @@ def test_the_status_page_charts_each_dataset_on_its_own_scale(
     settings = dataclasses.replace(services.settings, status_token=TOKEN)
     client = create_app(dataclasses.replace(services, settings=settings)).test_client()
     html = client.get(f"/status?token={TOKEN}").get_data(as_text=True)
+    assert "previously published" in html
     charts = re.findall(r'<div class="panel chart" data-dataset="(\w+)">(.*?)</svg>', html, re.S)
     assert [name for name, _ in charts] == ["products", "tiny"]
     tiny_svg = dict(charts)["tiny"]
