@@ -39,6 +39,39 @@ def normalise_database_url(url: str) -> str:
     return url
 
 
+KNOWN_DATABASES = ("postgresql+psycopg", "sqlite", "sqlite+pysqlite")
+DATABASE_URL_FORMS = "postgres://USER:PASSWORD@HOST:PORT/NAME or sqlite:///PATH"
+
+
+def masked_url(url: str) -> str:
+    """``url`` with the password (whatever follows ``user:`` before ``@``) replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return "***" if "@" in url else url
+    authority, slash, tail = rest.partition("/")
+    if "@" in authority:
+        credentials, _, host = authority.rpartition("@")
+        user, colon, _password = credentials.partition(":")
+        authority = f"{user}{':***' if colon else ''}@{host}"
+    return f"{scheme}://{authority}{slash}{tail}"
+
+
+def check_database_url(url: str) -> str:
+    """``url`` if its scheme is one scrapesync speaks, else a one-line error naming the scheme
+    (the password masked)."""
+    scheme, sep, _rest = url.partition("://")
+    if not sep or not scheme:
+        raise ConfigError(
+            f"DATABASE_URL is not a database URL ({masked_url(url)!r}): use {DATABASE_URL_FORMS}"
+        )
+    if scheme.lower() not in KNOWN_DATABASES:
+        raise ConfigError(
+            f"DATABASE_URL has the scheme {scheme!r}, which scrapesync cannot use "
+            f"({masked_url(url)}): use {DATABASE_URL_FORMS}"
+        )
+    return url
+
+
 def _schema(name: str) -> str:
     if not _SCHEMA_NAME.match(name):
         raise ConfigError(
@@ -115,7 +148,9 @@ class Settings:
         if not port_raw.isdigit():
             raise ConfigError(f"PORT must be a whole number, got {port_raw!r}")
         return cls(
-            database_url=normalise_database_url(env.get("DATABASE_URL") or DEFAULT_DATABASE_URL),
+            database_url=check_database_url(
+                normalise_database_url(env.get("DATABASE_URL") or DEFAULT_DATABASE_URL)
+            ),
             redis_url=env.get("REDIS_URL") or None,
             api_url=env.get("WEBSCRAPER_API_URL") or DEFAULT_API_URL,
             datasets_path=Path(env.get("SCRAPESYNC_DATASETS") or DEFAULT_DATASETS_PATH),

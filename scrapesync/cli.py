@@ -9,6 +9,7 @@ import click
 
 from scrapesync import commands
 from scrapesync.terminal import CommandError, failure_of
+from sync import logs
 
 
 class Commands(click.Group):
@@ -29,7 +30,7 @@ class Commands(click.Group):
             raise failure from None
 
 
-@click.group(cls=Commands)
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="scrapesync", message="%(prog)s %(version)s")
 def main() -> None:
     """Keep a database in step with Web Scraper Cloud."""
@@ -40,7 +41,10 @@ for command in commands.ALL:
 
 
 def run() -> None:
-    """Entry point: expected failures (settings, database, Redis, Cloud) are one clear line."""
+    """Entry point: expected failures (settings, database, Redis, Cloud) are one clear line.
+    Results go to standard output and log lines to standard error, so that
+    ``scrapesync sync 123 --json | jq`` works."""
+    logs.configure(to_stderr=True)
     try:
         main()
     except Exception as exc:  # raised outside a command, e.g. while building the services

@@ -10,59 +10,15 @@ import click
 from config.settings import ConfigError, Settings
 from scrapesync import decisions
 from scrapesync.deliveries import deliveries_group
+from scrapesync.schema import db_group
 from scrapesync.terminal import CommandError, Progress, echo, echo_json
-from sync import db, logs
+from sync import logs
 from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.states import AttemptOutcome, ClaimOutcome, LaunchState, RunState, TaskState
 
 if TYPE_CHECKING:
     from sync.runs.check import Rejudgement
-
-
-@click.group("db")
-def db_group() -> None:
-    """Database schema."""
-
-
-@db_group.command("upgrade")
-@click.option("--revision", default="head", show_default=True)
-def db_upgrade(revision: str) -> None:
-    """Apply database migrations (the release process)."""
-    settings = _settings()
-    db.upgrade(settings.database_url, revision)
-    echo(f"database at revision {revision}")
-    if revision == "head":
-        for line in _upgrade_datasets(settings):
-            echo(line)
-
-
-def _upgrade_datasets(settings: Settings) -> list[str]:
-    """Bring the datasets' tables in line with the datasets file (after the migrations)."""
-    from config.datasets import DatasetsFileError, load_datasets
-    from sync.datasets.upgrade import upgrade_datasets
-
-    if not settings.datasets_path.exists():
-        return [f"no datasets file at {settings.datasets_path}: no dataset tables to check"]
-    try:
-        datasets = load_datasets(settings.datasets_path)
-    except DatasetsFileError as exc:
-        raise CommandError(str(exc)) from None
-    engine = db.make_engine(settings.database_url)
-    try:
-        done = upgrade_datasets(db.UnitOfWork(engine), datasets, settings.data_schema)
-    finally:
-        engine.dispose()
-    return [d.describe() for d in done]
-
-
-@db_group.command("downgrade")
-@click.argument("revision")
-def db_downgrade(revision: str) -> None:
-    """Revert database migrations to REVISION (``base`` empties the schema)."""
-    settings = _settings()
-    db.downgrade(settings.database_url, revision)
-    echo(f"database at revision {revision}")
 
 
 def _settings() -> Settings:
@@ -72,10 +28,15 @@ def _settings() -> Settings:
         raise CommandError(str(exc)) from None
 
 
-def _services() -> Services:
+def _services(*, cloud: bool = False) -> Services:
+    """The command's services; ``cloud``: it talks to Cloud, so it stops before doing anything
+    when WEBSCRAPER_API_TOKEN is missing (naming it), not halfway through."""
     from sync import bootstrap
 
-    return bootstrap.from_env(role="cli")
+    services = bootstrap.from_env(role="cli")
+    if cloud:
+        services.settings.require_api_token()
+    return services
 
 
 @click.command("sync")
@@ -86,14 +47,15 @@ def _services() -> Services:
     help="Download and merge the job's data even if Cloud reports it unchanged since the last "
     "sync (e.g. after changing the datasets file).",
 )
-def sync_command(job_id: int, force: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def sync_command(job_id: int, force: bool, as_json: bool) -> None:
     """Synchronise one Cloud scraping job now, in the foreground."""
     from sync.ingest import intake, tasks
 
-    services = _services()
+    services = _services(cloud=True)
     logs.configure()
     wish = intake.want_sync(services, job_id, queue=False).wish  # this command is the worker
-    progress = Progress(enabled=_interactive())
+    progress = Progress(enabled=_interactive() and not as_json)
     try:
         result = tasks.run_sync(_with_progress(services, progress), wish.task_key, force=force)
     finally:
@@ -119,7 +81,9 @@ def sync_command(job_id: int, force: bool) -> None:
         )
     if result.error:
         line += f" ({result.error})"
-    echo(line)
+    if not as_json:
+        echo(line)
+    verdict = None
     if (
         result.outcome in (AttemptOutcome.COMMITTED, AttemptOutcome.UNCHANGED)
         and result.state == TaskState.COMMITTED
@@ -128,7 +92,12 @@ def sync_command(job_id: int, force: bool) -> None:
         from sync.runs import evaluation
 
         verdict = evaluation.evaluate_run(services, result.run_id, force=force)
-        echo(f"run {result.run_id}: {verdict.state} ({verdict.outcome})")
+        if not as_json:
+            echo(f"run {result.run_id}: {verdict.state} ({verdict.outcome})")
+    if as_json:
+        from scrapesync.habits import sync_json
+
+        echo_json(sync_json(result, verdict))
     if result.outcome not in (AttemptOutcome.COMMITTED, AttemptOutcome.UNCHANGED):
         sys.exit(1)
 
@@ -187,7 +156,7 @@ def launch_command(
     """Start the Cloud job of DATASET's run for a window (the same window: the same run and job)."""
     from sync.runs import launch
 
-    services = _services()
+    services = _services(cloud=True)
     try:
         outcome = launch.launch(services, dataset, window=window, start_urls=start_urls)
     except launch.LaunchError as exc:
@@ -204,9 +173,17 @@ def launch_command(
 @click.command("reconcile")
 @click.option("--since", default="7d", show_default=True, help="Look back this far: 7d, 12h, 30m.")
 @click.option("--dry-run", is_flag=True, help="Only report what a pass would do.")
+@click.option(
+    "--wait",
+    "wait",
+    is_flag=True,
+    help="When Cloud or the API budget says to wait, wait (up to 15 min) and list again; "
+    "without it the pass ends at once, incomplete, and says how long it would have waited.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def reconcile_command(since: str, dry_run: bool, as_json: bool) -> None:
-    """Compare Cloud's jobs with ours and heal what notifications, workers and Redis lost."""
+def reconcile_command(since: str, dry_run: bool, wait: bool, as_json: bool) -> None:
+    """Compare Cloud's jobs with ours and heal what notifications, workers and Redis lost
+    (exit 3 when Cloud's listing could not be read whole)."""
 
     from sync.operations import reconcile
 
@@ -216,25 +193,28 @@ def reconcile_command(since: str, dry_run: bool, as_json: bool) -> None:
         raise click.BadParameter(str(exc), param_hint="--since") from None
     interactive = _interactive() and not as_json
     progress = Progress(enabled=interactive)
-    services = _foreground(_with_progress(_services(), progress))
+    services = _foreground(_with_progress(_services(cloud=True), progress))
     try:
         report = reconcile.reconcile(
             services,
             since=look_back,
             dry_run=dry_run,
+            max_wait=reconcile.CLI_MAX_WAIT if wait else 0.0,
             on_progress=progress.reporter("checks") if interactive else None,
         )
     finally:
         progress.close()
     if as_json:
         echo_json(report.as_dict())
-        return
-    echo(report.summary_line())
-    if interactive:
-        for wish in report.wanted:
-            echo(f"  job {wish.job_id}: {wish.reason}")
-        for run_id in report.runs_evaluated:
-            echo(f"  run {run_id}: evaluated")
+    else:
+        echo(report.summary_line())
+        if interactive:
+            for wish in report.wanted:
+                echo(f"  job {wish.job_id}: {wish.reason}")
+            for run_id in report.runs_evaluated:
+                echo(f"  run {run_id}: evaluated")
+    if not report.complete:
+        sys.exit(3)
 
 
 @click.command("rerun")
@@ -252,7 +232,7 @@ def rerun_command(
     chosen = sum([partition is not None, failed_pages, bool(urls)])
     if chosen != 1:
         raise click.UsageError("choose exactly one of --partition, --failed-pages or --url")
-    services = _services()
+    services = _services(cloud=True)
     try:
         outcome = rerun.rerun(
             services, run_id, partition=partition, failed_pages=failed_pages, urls=urls
@@ -275,14 +255,15 @@ def rerun_command(
 @click.option("--json", "as_json", is_flag=True, help="Print the overview as JSON.")
 @click.option("--limit", default=20, show_default=True, help="How many recent runs to show.")
 @click.argument("run_id", required=False)
-def status_command(as_json: bool, limit: int, run_id: str | None) -> None:
+@click.option("--dataset", help="Only this dataset's runs, publication and tasks.")
+def status_command(as_json: bool, limit: int, run_id: str | None, dataset: str | None) -> None:
     """Runs, coverage and verdicts; tasks, outbox backlog, last reconcile, API budget (RUN_ID:
     that run in detail, with the diagnosis of a rejection)."""
     if run_id is not None:
         return decisions.show_run(run_id, as_json)
     from sync.operations import status, status_text
 
-    values = status.overview(_services(), limit=limit)
+    values = status.overview(_services(), limit=limit, dataset=dataset)
     if as_json:
         echo_json(values)
     else:
@@ -419,29 +400,48 @@ def demo_command(folder: str | None, records: int) -> None:
 @click.option(
     "--out",
     type=click.Path(),
-    help="A folder (versioned file name inside) or a file path (default: SCRAPESYNC_EXPORT_DIR).",
+    help="A folder (versioned file name inside), a file path, or - for standard output "
+    "(default: SCRAPESYNC_EXPORT_DIR).",
 )
-def export_command(dataset: str, run_id: str | None, fmt: str, out: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print where the export went as JSON.")
+def export_command(
+    dataset: str, run_id: str | None, fmt: str, out: str | None, as_json: bool
+) -> None:
     """Write the published run of DATASET (or --run) with its manifest; quarantined rows never."""
     from pathlib import Path
 
+    from scrapesync import habits
     from sync.datasets import export
 
+    to_stdout = out == habits.STDOUT
+    if to_stdout and as_json:
+        raise click.UsageError("--out - writes the records to standard output: drop --json")
     services = _services()
-    progress = Progress(enabled=_interactive())
-    try:
-        result = export.export_dataset(
+    progress = Progress(enabled=_interactive() and not to_stdout and not as_json)
+
+    def write(folder: Path | None) -> export.ExportResult:
+        return export.export_dataset(
             services,
             dataset,
             run_id=run_id,
             fmt=fmt,
-            out=Path(out) if out else None,
+            out=folder,
             on_progress=progress.reporter("export") if progress.enabled else None,
         )
+
+    try:
+        chosen = Path(out) if out and not to_stdout else None
+        result = habits.export_to_stdout(write) if to_stdout else write(chosen)
     except export.ExportError as exc:
         raise CommandError(str(exc)) from None
     finally:
         progress.close()
+    if to_stdout:
+        echo(f"run={result.run_id} revision={result.revision} records={result.records}", err=True)
+        return
+    if as_json:
+        echo_json(habits.export_json(result))
+        return
     echo(
         f"{result.path} run={result.run_id} revision={result.revision} "
         f"records={result.records} sha256={result.sha256}"

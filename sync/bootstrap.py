@@ -22,7 +22,7 @@ from sync import secrecy
 from sync.cloud.budget import ApiBudget, MemoryApiBudget, RedisApiBudget, account_key_for
 from sync.cloud.client import CloudClient
 from sync.cloud.policy import RetryPolicy
-from sync.db import UnitOfWork, make_engine
+from sync.db import UnitOfWork, make_engine, require_database
 from sync.models import utcnow
 from sync.queue import Dispatcher, RecordingDispatcher, RQDispatcher
 
@@ -124,6 +124,7 @@ def build(
     """Wire services from settings for a process of ``role`` (``web``, ``worker``,
     ``maintenance`` or ``cli``: it sizes the database pool); any part may be handed in."""
     if uow is None:
+        require_database(settings.database_url)
         uow = UnitOfWork(make_engine(settings.database_url, role=role, **(engine_kwargs or {})))
     if redis is None and settings.redis_url:
         redis = connect_redis(settings.redis_url)

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
@@ -17,6 +17,8 @@ from sqlalchemy.util.queue import Empty
 
 if TYPE_CHECKING:  # Alembic is imported when migrating, not by every process that starts
     from alembic.config import Config
+
+from config.settings import DEFAULT_DATABASE_URL, ConfigError
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -125,6 +127,30 @@ def _ping_when_idle(engine: Engine) -> None:
             engine.dialect.do_ping(dbapi_conn)
         except Exception as exc:  # whatever the driver raised, the pool retries a new connection
             raise DisconnectionError(f"the pooled connection failed its check: {exc}") from exc
+
+
+def missing_database_file(url: str) -> Path | None:
+    """The file a SQLite URL names when it does not exist yet (connecting would create it
+    empty), else None (PostgreSQL, in-memory SQLite, or a file that exists)."""
+    if not url.startswith("sqlite"):
+        return None
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    path = Path(database)
+    return None if path.exists() else path
+
+
+def require_database(url: str) -> None:
+    """Refuse to open a SQLite database that does not exist: only ``db upgrade`` creates one."""
+    missing = missing_database_file(url)
+    if missing is not None:
+        raise ConfigError(
+            f"no database at {missing} (DATABASE_URL is "
+            f"{'unset: the default' if url == DEFAULT_DATABASE_URL else 'set to'} "
+            f"{url}): set DATABASE_URL to the deployment's database, or create this one with "
+            "`scrapesync db upgrade`"
+        )
 
 
 class UnitOfWork:

@@ -31,13 +31,31 @@ class JsonFormatter(logging.Formatter):
         return secrecy.scrub(json.dumps(entry, default=str, ensure_ascii=False))
 
 
-def configure(level: int = logging.INFO) -> None:
-    """Send scrapesync's logs, and RQ's, to stdout as JSON lines (idempotent)."""
-    capture_rq(level)
+class StandardError(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler that writes to whatever ``sys.stderr`` is when a line is logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self) -> Any:
+        """The process's standard error now."""
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        """Kept on standard error whatever logging sets."""
+
+
+def configure(level: int = logging.INFO, *, to_stderr: bool = False) -> None:
+    """Send scrapesync's logs, and RQ's, to stdout as JSON lines (idempotent); a command that
+    prints results on stdout sends them to stderr instead (``to_stderr``), so the first call of
+    a process decides."""
+    capture_rq(level, to_stderr=to_stderr)
     root = logging.getLogger("scrapesync")
     if any(isinstance(h.formatter, JsonFormatter) for h in root.handlers):
         return
-    handler = logging.StreamHandler(sys.stdout)
+    handler: logging.Handler = StandardError() if to_stderr else logging.StreamHandler(sys.stdout)
     handler.setFormatter(JsonFormatter())
     root.addHandler(handler)
     root.setLevel(level)
@@ -69,7 +87,7 @@ def get(name: str) -> logging.Logger:
     return logging.getLogger(f"scrapesync.{name}")
 
 
-def capture_rq(level: int = logging.INFO) -> None:
+def capture_rq(level: int = logging.INFO, *, to_stderr: bool = False) -> None:
     """Route RQ's own log lines (worker, job, scheduler) through the JSON formatter on stdout.
 
     RQ gives ``rq.worker`` and ``rq.job`` plain-text handlers of their own (stdout, and stderr
@@ -78,7 +96,9 @@ def capture_rq(level: int = logging.INFO) -> None:
     """
     parent = logging.getLogger("rq")
     if not any(isinstance(h.formatter, JsonFormatter) for h in parent.handlers):
-        handler = logging.StreamHandler(sys.stdout)
+        handler: logging.Handler = (
+            StandardError() if to_stderr else logging.StreamHandler(sys.stdout)
+        )
         handler.setFormatter(JsonFormatter())
         parent.addHandler(handler)
     parent.propagate = False

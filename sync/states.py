@@ -21,6 +21,7 @@ class TaskState(StrEnum):
     QUARANTINED = "quarantined"
     DEAD = "dead"
     GONE = "gone"
+    IGNORED = "ignored"  # the job's sitemap feeds no dataset of the datasets file
 
 
 class AttemptOutcome(StrEnum):
@@ -35,6 +36,7 @@ class AttemptOutcome(StrEnum):
     QUARANTINED = "quarantined"
     DEAD = "dead"
     GONE = "gone"
+    IGNORED = "ignored"
 
 
 class RunState(StrEnum):

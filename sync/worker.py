@@ -8,6 +8,7 @@ a Redis restart or flush never needs a process restart.
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from typing import Any
@@ -16,8 +17,9 @@ import redis.exceptions
 from rq.exceptions import StopRequested
 from rq.worker import HerokuWorker
 
-from config.settings import Settings
+from config.settings import ConfigError, Settings
 from sync import bootstrap, logs
+from sync.db import require_database
 from sync.operations import maintenance
 
 log = logs.get("worker")
@@ -48,13 +50,29 @@ class BoundedUnsubscribe:
             self.pubsub.close()
 
 
+def check_required(settings: Settings) -> None:
+    """Exit at start-up with one line naming the variable that is missing: a worker without
+    its Cloud token would only fail every task it takes."""
+    try:
+        settings.require_api_token()
+        settings.require_redis_url()
+        require_database(settings.database_url)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 class SyncWorker(BoundedUnsubscribe, HerokuWorker):
     """HerokuWorker (on SIGTERM the horse gets ``shutdown_grace`` seconds to finish, then
     ShutDownImminentException) with a maintenance thread, riding out Redis outages."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.settings = Settings.from_env()
+        try:
+            self.settings = Settings.from_env()
+        except ConfigError as exc:  # a malformed variable: one line, no traceback
+            print(f"error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
         self.imminent_shutdown_delay = max(1, round(self.settings.shutdown_grace))
         # RQ waits up to a minute between reconnects; come back within a sweep instead.
         self.max_connection_wait_time = min(REDIS_WAIT_CAP, self.settings.sweep_interval)
@@ -62,6 +80,7 @@ class SyncWorker(BoundedUnsubscribe, HerokuWorker):
     def work(self, *args: Any, **kwargs: Any) -> bool:
         """Start the maintenance thread (or, in burst mode, run one pass first), then work as
         RQ does, starting again whenever RQ's loop ends because Redis went away."""
+        check_required(self.settings)
         logs.configure()
         services = bootstrap.build(self.settings, role="maintenance")
         burst = bool(kwargs.get("burst", args[0] if args else False))

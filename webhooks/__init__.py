@@ -96,6 +96,7 @@ def create_app(services: Services | None = None) -> Flask:
     if services is None:
         settings = Settings.from_env()
         settings.require_webhook_token()
+        settings.require_redis_url()
         services = bootstrap.build(settings, role="web")
     else:
         services.settings.require_webhook_token()

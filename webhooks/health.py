@@ -14,7 +14,7 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/healthz")
 def healthz() -> Any:
-    """Report database and Redis reachability (503 when the database is down)."""
+    """Report database and Redis reachability: 503 naming the one that cannot be reached."""
     services = services_of(current_app)
     checks: dict[str, str] = {}
     try:
@@ -31,5 +31,14 @@ def healthz() -> Any:
             checks["redis"] = "ok"
         except Exception as exc:
             checks["redis"] = f"unreachable: {type(exc).__name__}"
-    healthy = checks["database"] == "ok"
-    return jsonify(status="ok" if healthy else "degraded", checks=checks), 200 if healthy else 503
+    unreachable = [name for name, state in checks.items() if state.startswith("unreachable")]
+    if not unreachable:
+        return jsonify(status="ok", checks=checks), 200
+    names = {
+        "database": "PostgreSQL"
+        if services.uow.engine.dialect.name == "postgresql"
+        else "the database",
+        "redis": "Redis",
+    }
+    detail = " and ".join(names[n] for n in unreachable) + " cannot be reached"
+    return jsonify(status="unavailable", checks=checks, unreachable=unreachable, detail=detail), 503

@@ -30,7 +30,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from sync import logs
 from sync.ingest import intake, store
-from webhooks import services_of
+from webhooks import refusals, services_of
 
 bp = Blueprint("intake", __name__)
 log = logs.get("intake")
@@ -168,6 +168,7 @@ def notification(token: str) -> Any:
     services = services_of(current_app)
     expected = services.settings.require_webhook_token()
     if not hmac.compare_digest(token.encode("utf-8", "replace"), expected.encode()):
+        refusals.wrong_token(services, remote_addr=request.remote_addr, method=request.method)
         return jsonify(error="Not Found"), 404
     now = services.clock()
     try:

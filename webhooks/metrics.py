@@ -24,7 +24,7 @@ from sync import logs
 from sync.bootstrap import Services
 from sync.operations import status
 from sync.states import AttemptOutcome
-from webhooks import services_of
+from webhooks import refusals, services_of
 from webhooks.status import _private, _refusal
 
 bp = Blueprint("metrics", __name__)
@@ -60,6 +60,7 @@ class ScrapesyncCollector:
             yield from _backlog(shown)
             yield from _passes(shown)
         yield from self._budget()
+        yield from refusals.metrics(self.services)
 
     def _budget(self) -> Iterator[Metric]:
         settings = self.services.settings

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, render_template
+from flask import Blueprint, Response, current_app, jsonify, render_template, request
 
 from sync.operations import status, status_text
 from sync.states import RunState
@@ -85,19 +85,34 @@ def chart(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def charts(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One chart per dataset, each on its own scale: a dataset of 50 records beside one of
+    50,000 keeps bars a person can read."""
+    by_dataset: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_dataset.setdefault(run["dataset"], []).append(run)
+    return [{"dataset": name, **chart(rows)} for name, rows in sorted(by_dataset.items())]
+
+
+def _dataset_asked() -> str | None:
+    """The dataset a request filters by (``?dataset=``), if any."""
+    return request.args.get("dataset") or None
+
+
 @bp.get("/status")
 def status_page() -> Any:
     """The operator's status page (HTML)."""
     refusal = _refusal()
     if refusal is not None:
         return refusal
-    values = status.overview(services_of(current_app))
+    values = status.overview(services_of(current_app), dataset=_dataset_asked())
     html = render_template(
         "status.html",
         o=values,
-        chart=chart(values["runs"]),
+        charts=charts(values["runs"]),
         colours=STATE_COLOURS,
         duration=status_text.duration,
+        coverage_text=status_text.coverage_text,
     )
     return _private(Response(html, mimetype="text/html"))
 
@@ -108,4 +123,4 @@ def runs_json() -> Any:
     refusal = _refusal()
     if refusal is not None:
         return refusal
-    return _private(jsonify(status.overview(services_of(current_app))))
+    return _private(jsonify(status.overview(services_of(current_app), dataset=_dataset_asked())))

@@ -78,6 +78,8 @@ def classify(exc: BaseException, *, failures: int, draw: float, throttled: int =
     many attempts in a row before this one Cloud or the budget refused)."""
     if isinstance(exc, JobNotFinishedError):
         return Verdict(TaskState.RETRY_WAIT, poll_wait(failures), False)
+    if isinstance(exc, NoDatasetError):  # another sitemap of the account: not a failure
+        return Verdict(TaskState.IGNORED, None, False)
     if isinstance(exc, PERMANENT):  # retrying cannot fix these: quarantined at once
         return Verdict(TaskState.QUARANTINED, None, False)
     if isinstance(exc, CloudNotFoundError):

@@ -35,7 +35,13 @@ from sync.db import insert
 from sync.models import Attempt, Notification, SyncTask, UTCDateTime
 from sync.states import AttemptOutcome, TaskState
 
-REVIVABLE = (TaskState.COMMITTED, TaskState.QUARANTINED, TaskState.DEAD, TaskState.GONE)
+REVIVABLE = (
+    TaskState.COMMITTED,
+    TaskState.QUARANTINED,
+    TaskState.DEAD,
+    TaskState.GONE,
+    TaskState.IGNORED,
+)
 CLAIMABLE = (TaskState.PENDING, TaskState.RETRY_WAIT)
 
 

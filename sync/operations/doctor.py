@@ -169,6 +169,14 @@ def _database(settings: Settings) -> Check:
     from sync import db
 
     where = make_url(settings.database_url).render_as_string(hide_password=True)
+    missing = db.missing_database_file(settings.database_url)
+    if missing is not None:
+        return Check(
+            "database",
+            False,
+            f"no database file at {missing}",
+            "set DATABASE_URL to the deployment's database, or run `scrapesync db upgrade`",
+        )
     head = ScriptDirectory.from_config(db.alembic_config(settings.database_url)).get_current_head()
     engine = db.make_engine(settings.database_url)
     try:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from sync import logs
 from sync.bootstrap import Services
@@ -44,6 +44,7 @@ log = logs.get("reconcile")
 DEFAULT_SINCE = timedelta(days=7)
 IN_FLIGHT = (TaskState.PENDING, TaskState.LEASED, TaskState.RETRY_WAIT)
 CHUNK = 500
+CLI_MAX_WAIT = 900.0  # `reconcile --wait`: at most one budget window
 WORKER_MAX_WAIT = 60.0  # a worker's pass stops early rather than outwait its RQ job timeout
 
 
@@ -66,6 +67,7 @@ class ReconcileReport:
     complete: bool = True
     listing_error: str | None = None
     waited_seconds: float = 0.0
+    would_wait_seconds: float | None = None  # the wait a complete listing needed, not taken
     in_range: int = 0
     ignored: int = 0
     running: int = 0
@@ -74,6 +76,7 @@ class ReconcileReport:
     wanted: list[Wanted] = field(default_factory=list)
     enqueued: int = 0
     needs_attention: list[int] = field(default_factory=list)
+    ignored_tasks: list[int] = field(default_factory=list)  # failed tasks of other sitemaps
     launches_linked: list[str] = field(default_factory=list)
     tasks_due: int = 0
     tasks_requeued: int = 0
@@ -109,7 +112,7 @@ class ReconcileReport:
             f"reconcile: {self.listed} Cloud jobs listed, {self.in_range} in range; "
             f"{verb} {len(self.wanted)} syncs "
             f"({self._reasons()}); {self.unchanged} unchanged, {self.in_flight} in flight, "
-            f"{self.running} still running, {self.ignored} of other sitemaps; "
+            f"{self.running} still running, {self.ignored} of other sitemaps (ignored); "
             f"{self.tasks_requeued} stuck tasks re-queued ({self.tasks_due} due); "
             f"{len(self.runs_evaluated)} runs evaluated; {self.outbox_redriven} outbox events "
             f"re-driven; {len(self.launches_linked)} launches linked"
@@ -117,7 +120,12 @@ class ReconcileReport:
         if self.needs_attention:
             line += f"; needs attention: jobs {', '.join(map(str, self.needs_attention))}"
         if not self.complete:
-            line += f"; listing incomplete: {self.listing_error}"
+            line += f"; INCOMPLETE listing: {self.listing_error}"
+            if self.would_wait_seconds is not None:
+                line += (
+                    f" (a complete pass would wait {self.would_wait_seconds:.0f} s for the API "
+                    "budget: run it again then, or with --wait)"
+                )
         return line
 
     def _reasons(self) -> str:
@@ -165,6 +173,7 @@ def reconcile(
     _check_jobs(services, report, in_range, on_progress)
     if not dry_run:
         _want(services, report)
+        _ignore(services, report.ignored_tasks)
         _link_launches(services, report, in_range)
         swept = sweeper.sweep(services)
         report.tasks_due, report.tasks_requeued = swept.due, swept.enqueued
@@ -207,7 +216,8 @@ def _finish(services: Services, pass_id: int, report: ReconcileReport) -> None:
         row = session.get(MaintenanceRun, pass_id)
         assert row is not None
         row.finished_at = report.finished_at
-        row.summary = {"state": "done", **report.as_dict()}
+        state = "done" if report.complete else "incomplete"
+        row.summary = {"state": state, **report.as_dict()}
         session.commit()
 
 
@@ -238,6 +248,11 @@ def _list_jobs(
             wait = max(hinted if hinted is not None else guess, 0.0) + 1.0
             if report.waited_seconds + wait > max_wait:
                 report.complete, report.listing_error = False, str(exc)
+                report.would_wait_seconds = round(wait, 1)
+                log.warning(
+                    "reconcile.not_waiting",
+                    extra={"seconds": round(wait, 1), "max_wait": max_wait, "listed": len(seen)},
+                )
                 return list(seen.values())
             log.info("reconcile.waiting", extra={"seconds": round(wait, 1), "listed": len(seen)})
             sleep(wait)
@@ -287,6 +302,8 @@ def _check_jobs(
                 select(JobRow.__table__).where(JobRow.job_id.in_(chunk))
             ).mappings():
                 rows[int(row["job_id"])] = dict(row)
+        # every listed job's task: another sitemap's job may have one, from a notification
+        for chunk in _chunks([j.id for j in jobs]):
             for job_id, state, error_class in session.execute(
                 select(SyncTask.job_id, SyncTask.state, SyncTask.last_error_class).where(
                     SyncTask.job_id.in_(chunk)
@@ -308,6 +325,8 @@ def _check_one(
 ) -> None:
     if not ours:
         report.ignored += 1
+        if task is not None and task[0] != TaskState.IGNORED and task[1] == "NoDatasetError":
+            report.ignored_tasks.append(job.id)
         return
     if not job.is_terminal:
         report.running += 1
@@ -321,6 +340,8 @@ def _check_one(
     if row is None:
         if task is None:
             report.wanted.append(Wanted(job.id, "never synced"))
+        elif task[0] == TaskState.IGNORED:  # its sitemap was added to the datasets file since
+            report.wanted.append(Wanted(job.id, "now configured"))
         else:
             report.needs_attention.append(job.id)
         return
@@ -336,6 +357,19 @@ def _want(services: Services, report: ReconcileReport) -> None:
         # a failure to queue is logged; the task row is durable and the sweeper below queues it
         if intake.want_sync(services, wish.job_id, failure_event="reconcile.enqueue_failed").queued:
             report.enqueued += 1
+
+
+def _ignore(services: Services, job_ids: Sequence[int]) -> None:
+    """Tasks of jobs whose sitemap feeds no dataset are ``ignored``, as the sync path leaves
+    them, never failed: an alert on failed tasks must not fire for another sitemap's job."""
+    for chunk in _chunks(list(job_ids)):
+        with services.uow.begin() as session:
+            session.execute(
+                update(SyncTask)
+                .where(SyncTask.job_id.in_(chunk), SyncTask.last_error_class == "NoDatasetError")
+                .values(state=TaskState.IGNORED, updated_at=services.clock())
+            )
+            session.commit()
 
 
 def _unlinked(services: Services, jobs: Sequence[CloudJob]) -> list[tuple[str, int]]:

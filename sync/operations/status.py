@@ -33,7 +33,7 @@ from sync.models import (
     ScrapingJob,
     SyncTask,
 )
-from sync.operations import heartbeat
+from sync.operations import heartbeat, triage
 from sync.runs import verdict_rows
 from sync.states import AttemptOutcome, OutboxState, PassKind, RunState, TaskState
 
@@ -116,13 +116,13 @@ class _RunParts:
     changes: dict[str, dict[str, Any] | None]
 
 
-def _runs(session: Session, *, limit: int) -> list[dict[str, Any]]:
-    """The latest runs, newest first, each with its jobs, verdicts, launches, tasks, coverage."""
-    runs = list(
-        session.execute(select(Run).order_by(Run.created_at.desc(), Run.run_id).limit(limit))
-        .scalars()
-        .all()
-    )
+def _runs(session: Session, *, limit: int, dataset: str | None = None) -> list[dict[str, Any]]:
+    """The latest runs (of ``dataset``, or all), newest first, each with its jobs, verdicts,
+    launches, tasks, coverage."""
+    query = select(Run).order_by(Run.created_at.desc(), Run.run_id).limit(limit)
+    if dataset is not None:
+        query = query.where(Run.dataset == dataset)
+    runs = list(session.execute(query).scalars().all())
     ids = [r.run_id for r in runs]
     if not ids:
         return []
@@ -240,6 +240,7 @@ def _run_row(run: Run, parts: _RunParts) -> dict[str, Any]:
     primary = [j for j in jobs if j["recovery_batch"] is None]
     expected = sum(j["stored_record_count"] for j in primary)
     observations = int(parts.observed.get(run.run_id, 0))
+    capped, raw = triage.coverage(observations, expected)
     return {
         "run_id": run.run_id,
         "dataset": run.dataset,
@@ -247,6 +248,7 @@ def _run_row(run: Run, parts: _RunParts) -> dict[str, Any]:
         "state": run.state,
         "revision": run.revision,
         "published": run.run_id in parts.current,
+        "standing": triage.standing(run.state, run.run_id in parts.current),
         "changes": parts.changes.get(run.run_id),
         "reasons": [reason_text(r) for r in run.reasons or []],
         "reason_details": [reason_detail(r) for r in run.reasons or []],
@@ -258,7 +260,8 @@ def _run_row(run: Run, parts: _RunParts) -> dict[str, Any]:
         "published_at": _iso(run.published_at),
         "observations": observations,
         "expected_records": expected,
-        "coverage_percent": (round(100.0 * observations / expected, 1) if expected else None),
+        "coverage_percent": capped,
+        "coverage_raw_percent": raw,
         "pages_scheduled": sum(j["pages_scheduled"] for j in primary),
         "pages_failed": sum(j["pages_failed"] for j in primary),
         "pages_empty": sum(j["pages_empty"] for j in primary),
@@ -285,10 +288,13 @@ def change_counts(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
-def _publications(session: Session) -> list[dict[str, Any]]:
-    """Each dataset's last publication and what it changed for readers."""
+def _publications(session: Session, dataset: str | None = None) -> list[dict[str, Any]]:
+    """Each dataset's (or ``dataset``'s) last publication and what it changed for readers."""
     last: dict[str, Publication] = {}
-    for publication in session.execute(select(Publication).order_by(Publication.id)).scalars():
+    query = select(Publication).order_by(Publication.id)
+    if dataset is not None:
+        query = query.where(Publication.dataset == dataset)
+    for publication in session.execute(query).scalars():
         last[publication.dataset] = publication
     return [
         {
@@ -444,6 +450,7 @@ def _last_reconcile(shown: Figures) -> dict[str, Any] | None:
         "finished_at": _iso(last.finished_at),
         "age_seconds": _age(shown.now, last.started_at),
         "state": summary.get("state", "done" if last.finished_at else "running"),
+        "error": summary.get("listing_error"),
         "listed": summary.get("listed"),
         "wanted": len(summary.get("wanted") or []),
         "runs_evaluated": len(summary.get("runs_evaluated") or []),
@@ -471,14 +478,17 @@ def _budget(services: Services) -> int | None:
         return None
 
 
-def overview(services: Services, *, limit: int = 50) -> dict[str, Any]:
-    """Everything ``scrapesync status`` and the status page show, as plain values."""
+def overview(services: Services, *, limit: int = 50, dataset: str | None = None) -> dict[str, Any]:
+    """Everything ``scrapesync status`` and the status page show, as plain values; with
+    ``dataset``, its runs, publication and tasks only (the deployment's figures stay whole)."""
     now = services.clock()
     with services.uow.begin() as session:
         values: dict[str, Any] = {
             "generated_at": _iso(now),
-            "runs": _runs(session, limit=limit),
-            "publications": _publications(session),
+            "dataset": dataset,
+            "runs": _runs(session, limit=limit, dataset=dataset),
+            "publications": _publications(session, dataset),
+            "attention": triage.troubled_tasks(session, dataset=dataset),
         }
         shown = figures(session, now)
         destinations = backlog.destination_rows(session, services)

@@ -38,6 +38,7 @@ def format_table(values: dict[str, Any]) -> str:
         state = "published" if p["current"] else "withdrawn"
         lines.append(f"{p['dataset']}: {state} {p['run_id']} ({changes_text(p['changes'])})")
     lines.append("")
+    lines += attention_lines(values.get("attention"))
     lines.append(_tasks_line(values["tasks"]))
     lines.append(_outbox_line(values["outbox"]))
     lines.extend(destination_lines(values.get("destinations") or []))
@@ -52,14 +53,13 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
     header = ("RUN", "STATE", "RECORDS", "EXPECTED", "COVERAGE", "FAILED", "EMPTY", "PUBLISHED")
     rows: list[tuple[str, ...]] = [header]
     for run in runs:
-        coverage = run["coverage_percent"]
         rows.append(
             (
                 run["run_id"],
-                run["state"],
+                run.get("standing", run["state"]),
                 str(run["observations"]),
                 str(run["expected_records"]),
-                "-" if coverage is None else f"{coverage:g}%",
+                coverage_text(run),
                 str(run["pages_failed"]),
                 str(run["pages_empty"]),
                 "yes" if run["published"] else "",
@@ -71,6 +71,33 @@ def _runs_table(runs: list[dict[str, Any]]) -> list[str]:
     ]
     if not runs:
         lines.append("(no runs yet)")
+    return lines
+
+
+def coverage_text(run: dict[str, Any]) -> str:
+    """Coverage capped at 100%, with the raw ratio beside it when the run kept more records
+    than Cloud counted: ``100% (raw 125%)``."""
+    capped, raw = run["coverage_percent"], run.get("coverage_raw_percent")
+    if capped is None:
+        return "-"
+    if raw is not None and raw != capped:
+        return f"{capped:g}% (raw {raw:g}%)"
+    return f"{capped:g}%"
+
+
+def attention_lines(attention: dict[str, Any] | None) -> list[str]:
+    """Dead, quarantined and ignored tasks, one line each with its reason."""
+    if not attention or not attention["tasks"]:
+        return []
+    counts = ", ".join(f"{n} {state}" for state, n in attention["counts"].items() if n)
+    lines = [f"tasks needing attention or set aside ({counts}):"]
+    for task in attention["tasks"]:
+        run = f" run {task['run_id']}" if task["run_id"] else ""
+        lines.append(f"  {task['state']} job {task['job_id']}{run}: {task['reason']}")
+    shown = len(attention["tasks"])
+    total = sum(attention["counts"].values())
+    if total > shown:
+        lines.append(f"  ... and {total - shown} more (scrapesync status --json lists them)")
     return lines
 
 
@@ -126,10 +153,13 @@ def _reconcile_line(last: dict[str, Any] | None) -> str:
     """When the last reconcile pass ran and what it found."""
     if last is None:
         return "last reconcile: never"
-    return (
+    line = (
         f"last reconcile: {duration(last['age_seconds'])} ago ({last['state']}, "
         f"{last['listed']} jobs listed, {last['wanted']} syncs wanted)"
     )
+    if last.get("complete") is False:
+        line += f"; INCOMPLETE: {last.get('error') or 'the listing stopped early'}"
+    return line
 
 
 def _maintenance_line(maintenance: dict[str, Any]) -> str:

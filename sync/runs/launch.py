@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import date, datetime, timedelta
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
@@ -112,7 +112,25 @@ def check_window(dataset: Dataset, window: str) -> str:
         )
     if len(window) > 40:
         raise LaunchError(f"window {window!r} is longer than 40 characters")
+    if pattern is not None and not _on_the_calendar(dataset.window, window):
+        raise LaunchError(
+            f"dataset {dataset.name!r}: window {window!r} is not a {dataset.window} window on "
+            "the calendar (no such day or ISO week)"
+        )
     return window
+
+
+def _on_the_calendar(kind: str, window: str) -> bool:
+    """Whether a well-spelled daily or weekly window names a real day or ISO week."""
+    try:
+        if kind == "daily":
+            date.fromisoformat(window)
+        else:
+            year, week = window.split("-W")
+            date.fromisocalendar(int(year), int(week), 1)
+    except ValueError:
+        return False
+    return True
 
 
 def resolve_sitemap(services: Services, dataset: Dataset, cloud: CloudClient) -> tuple[int, str]:
@@ -389,3 +407,8 @@ def _outcome(row: Snapshot, *, created: bool, found: bool, message: str) -> Laun
         start_urls=row.start_urls,
         message=message,
     )
+
+
+def already_launched(row: Launch, message: str) -> LaunchOutcome:
+    """The outcome of a launch that found its batch's Cloud job already created."""
+    return _outcome(_snap(row), created=False, found=False, message=message)

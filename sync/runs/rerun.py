@@ -31,9 +31,16 @@ from sync import logs
 from sync.acceptance.facts import WAITING, Reason
 from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
-from sync.models import Launch, Observation, PartitionVerdict, Run, ScrapingJob
-from sync.runs.launch import LaunchError, LaunchOutcome, carry_out, intend, resolve_sitemap
-from sync.states import LaunchKind, LaunchState, PartitionState, RunState
+from sync.models import Launch, Observation, PartitionVerdict, Run, ScrapingJob, SyncTask
+from sync.runs.launch import (
+    LaunchError,
+    LaunchOutcome,
+    already_launched,
+    carry_out,
+    intend,
+    resolve_sitemap,
+)
+from sync.states import LaunchKind, LaunchState, PartitionState, RunState, TaskState
 
 log = logs.get("rerun")
 
@@ -185,6 +192,9 @@ def rerun(
         start_urls = _check_urls(_unique(start_urls))
         if not start_urls:
             raise RerunError(f"run {run_id} has no failed, empty or no-value pages to rerun")
+        running = _same_batch_running(services, run_id, partition, start_urls)
+        if running is not None:
+            return running
         batch_id = _intend_batch(services, run_id, partition, start_urls, now=now)
         log.info(
             "rerun.intended",
@@ -249,6 +259,40 @@ def _partition_pages(session: Session, run_id: str, partition: str) -> list[str]
             "its observations carries one); pass the pages with --url"
         )
     return start_urls
+
+
+def _same_batch_running(
+    services: Services, run_id: str, partition: str | None, start_urls: list[str]
+) -> LaunchOutcome | None:
+    """The run's recovery batch for these same pages whose Cloud job was created and is not
+    synced yet: a repeated ``rerun`` finds it, as a repeated ``launch`` finds its job."""
+    with services.uow.begin() as session:
+        batches = session.execute(
+            select(Launch)
+            .where(
+                Launch.run_id == run_id,
+                Launch.kind == LaunchKind.RERUN,
+                Launch.state == LaunchState.CREATED,
+            )
+            .order_by(Launch.created_at.desc())
+        ).scalars()
+        for batch in batches:
+            same = batch.partition == partition and list(batch.start_urls or []) == start_urls
+            if not same or batch.job_id is None:
+                continue
+            synced = session.execute(
+                select(SyncTask.task_key).where(
+                    SyncTask.job_id == batch.job_id, SyncTask.state == TaskState.COMMITTED
+                )
+            ).first()
+            if synced is None:
+                log.info("rerun.already_running", extra={"run_id": run_id, "batch": batch.batch_id})
+                return already_launched(
+                    batch,
+                    f"already launched: recovery batch {batch.batch_id} for the same pages is "
+                    "not synced yet",
+                )
+    return None
 
 
 def _intend_batch(

@@ -222,17 +222,18 @@ def test_jobs_that_cannot_be_read_are_quarantined_or_gone_with_the_reason(
     assert (attempt.outcome, attempt.http_status) == (state, status)
 
 
-def test_a_sitemap_with_no_dataset_is_quarantined_with_a_clear_reason(
+def test_a_sitemap_with_no_dataset_is_ignored_with_a_clear_reason(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
-    """A job of an unconfigured sitemap is quarantined with the sitemap named, not a crash."""
+    """A job of an unconfigured sitemap is ignored (not failed) with the sitemap named, not a
+    crash."""
     other = cloud.add_sitemap("unknown-sitemap")
     job_id = cloud.create_job(other)
     cloud.run_job(job_id, n=3)
     notify(web, job_id)
     drain(services)
     task = task_of(services, f"job-{job_id}")
-    assert task.state == "quarantined"
+    assert task.state == "ignored"
     assert "unknown-sitemap" in task.last_error
     assert "datasets file" in task.last_error
 

@@ -189,7 +189,7 @@ def test_a_custom_id_links_a_job_to_a_run_only_when_the_sitemap_matches(
     stranger = cloud.create_job(other_sitemap, custom_id=run_id)
     cloud.run_job(stranger, records=_records(5))
     attempt = _synced(web, services, stranger)
-    assert attempt.outcome == "quarantined"
+    assert attempt.outcome == "ignored"
     assert "feeds no dataset" in attempt.error
     with services.uow.begin() as session:
         sources = set(session.execute(select(Observation.source_job_id)).scalars())
