@@ -105,7 +105,10 @@ def list_command(
 @click.argument("event_ids", nargs=-1)
 @click.option("--since", help="Every event written after this time (ISO 8601, or 90m, 6h, 2d).")
 @click.option("--destination", help="Only to this destination (its name, URL or file:PATH).")
-def replay_command(event_ids: tuple[str, ...], since: str | None, destination: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def replay_command(
+    event_ids: tuple[str, ...], since: str | None, destination: str | None, as_json: bool
+) -> None:
     """Send events again under their own ids (receivers deduplicate on webhook-id)."""
     from sync.delivery import backlog
 
@@ -120,6 +123,11 @@ def replay_command(event_ids: tuple[str, ...], since: str | None, destination: s
             done = backlog.replay(services, list(event_ids), destination=destination)
     except backlog.BacklogError as exc:
         raise CommandError(str(exc)) from None
+    if as_json:
+        echo_json(
+            {"deliveries": done.deliveries, "events": list(done.events), "disabled": done.disabled}
+        )
+        return
     target = f" to {destination}" if destination else ""
     echo(f"re-queued {done.deliveries} deliveries of {len(done.events)} events{target}")
     for event_id in done.events:
@@ -130,7 +138,8 @@ def replay_command(event_ids: tuple[str, ...], since: str | None, destination: s
 
 @deliveries_group.command("enable")
 @click.argument("destination")
-def enable_command(destination: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def enable_command(destination: str, as_json: bool) -> None:
     """Enable a destination disabled by a 410 Gone; what waited for it is sent in order."""
     from sync.delivery import backlog
 
@@ -138,12 +147,16 @@ def enable_command(destination: str) -> None:
         waiting = backlog.enable(_services(), destination)
     except backlog.BacklogError as exc:
         raise CommandError(str(exc)) from None
-    echo(f"destination {destination} enabled; {waiting} deliveries waiting for it")
+    if as_json:
+        echo_json({"destination": destination, "enabled": True, "waiting": waiting})
+    else:
+        echo(f"destination {destination} enabled; {waiting} deliveries waiting for it")
 
 
 @deliveries_group.command("test")
 @click.argument("destination")
-def test_command(destination: str) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+def test_command(destination: str, as_json: bool) -> None:
     """Send DESTINATION one signed ``ping`` event and print its answer."""
     from sync.delivery import backlog
 
@@ -152,9 +165,19 @@ def test_command(destination: str) -> None:
     except backlog.BacklogError as exc:
         raise CommandError(str(exc)) from None
     status = "no HTTP answer" if answer.status is None else f"HTTP {answer.status}"
-    echo(f"ping {answer.event_id} to {answer.destination}: {status}")
-    if answer.answer:
-        echo(answer.answer)
+    if as_json:
+        echo_json(
+            {
+                "event_id": answer.event_id,
+                "destination": answer.destination,
+                "status": answer.status,
+                "answer": answer.answer,
+            }
+        )
+    else:
+        echo(f"ping {answer.event_id} to {answer.destination}: {status}")
+        if answer.answer:
+            echo(answer.answer)
     if answer.status is None and not answer.answer.startswith("written to"):
         sys.exit(1)
     if answer.status is not None and not 200 <= answer.status < 300:

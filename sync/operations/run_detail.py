@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from sync.bootstrap import Services
 from sync.models import OperatorDecision, OutboxEvent, PartitionVerdict, Run
-from sync.operations.status import reason_detail
+from sync.operations.reasons import reason_detail
 from sync.runs import publication, verdict_rows
 
 

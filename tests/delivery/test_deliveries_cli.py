@@ -166,6 +166,10 @@ def test_deliveries_test_prints_the_receivers_answer(
     assert code == 1
     assert "crm: HTTP 401\nbad signature" in output
     assert SECRET not in output
+    code, output = cli("deliveries", "test", "crm", "--json")
+    assert code == 1
+    shown = json.loads(output)
+    assert (shown["destination"], shown["status"], shown["answer"]) == ("crm", 401, "bad signature")
 
 
 def test_a_since_time_is_iso_or_an_age() -> None:
