@@ -222,9 +222,9 @@ def sync_command(bench: Bench, job_id: int, env: dict[str, str], what: str) -> t
     done = run_process(bench, [str(scrapesync), "sync", str(job_id)], env)
     if done.returncode != 0:
         raise BenchError(f"{what}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr}")
-    at = log_times(done.stdout)
+    at = log_times(done.stderr)  # the command's log lines go to stderr, its results to stdout
     if "attempt.started" not in at:
-        raise BenchError(f"{what}: no attempt.started log line in\n{done.stdout[-2000:]}")
+        raise BenchError(f"{what}: no attempt.started log line in\n{done.stderr[-2000:]}")
     started = at["attempt.started"]
     committed, evaluated = at.get("attempt.committed"), at.get("run.evaluated")
     load = Load(
@@ -240,10 +240,10 @@ def sync_command(bench: Bench, job_id: int, env: dict[str, str], what: str) -> t
     return load, done.stdout
 
 
-def log_times(stdout: str) -> dict[str, float]:
+def log_times(log: str) -> dict[str, float]:
     """When each event of the command's JSON log lines was written (the first of each name)."""
     at: dict[str, float] = {}
-    for line in stdout.splitlines():
+    for line in log.splitlines():
         if line.startswith("{"):
             entry = json.loads(line)
             at.setdefault(entry.get("event", ""), datetime.fromisoformat(entry["ts"]).timestamp())

@@ -4,6 +4,7 @@ reasons and checks with their numbers, and the verdicts on partitions and on the
 
 from __future__ import annotations
 
+import hashlib
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ WAITING = "waiting"
 NOTE = "note"
 SAMPLES = 3
 UNFAILING_TYPES = ("text", "json")  # column types every value casts to
+TALLY_VERSION = 1  # raise when a record is tallied differently: kept shapes then go unused
 
 ACCEPTED = RunState.ACCEPTED
 REJECTED = RunState.REJECTED
@@ -152,6 +154,22 @@ class RecordRules:
     # the typed columns whose casts can fail (every configured column but text and json): a
     # value that does not cast counts as unparsable under its field's name
     casts: tuple[Column, ...] = ()
+
+    @property
+    def fingerprint(self) -> str:
+        """A short digest of these rules (and of the tally's version): a record's shape is kept
+        under it, so a change of the datasets file judges every record again."""
+        described = repr(
+            (
+                TALLY_VERSION,
+                self.required,
+                sorted(self.parsers.items()),
+                self.consent_markers,
+                self.identity_fields,
+                self.casts,
+            )
+        )
+        return hashlib.blake2b(described.encode(), digest_size=8).hexdigest()
 
     @classmethod
     def of(cls, dataset: Dataset) -> RecordRules:

@@ -36,6 +36,8 @@ def parses_as_number(value: Any) -> bool:
         return value == value and value not in (float("inf"), float("-inf"))
     if not isinstance(value, str):
         return False
+    if _PLAIN_NUMBER.match(value):  # the commonest case, "982.10": no symbol, code or spaces
+        return True
     match = _CURRENCY.match(value.strip())
     text = _GROUP_SPACES.sub("", match.group(1) if match else value.strip())
     return bool(

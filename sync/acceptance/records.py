@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
 from sync.acceptance.parsers import PARSERS, is_filled
 from sync.casts import cast
@@ -15,7 +17,7 @@ from sync.casts import cast
 def is_consent_page(record: Mapping[str, Any], markers: Sequence[str]) -> bool:
     """Whether any text field of a record carries a consent or bot-wall marker."""
     # one lowered text per record, each field apart (no marker holds the NUL between them)
-    text = "\x00".join(v for v in record.values() if isinstance(v, str)).lower()
+    text = "\x00".join([v for v in record.values() if isinstance(v, str)]).lower()
     return any(marker in text for marker in markers)
 
 
@@ -26,22 +28,49 @@ def is_empty_shell(record: Mapping[str, Any], identity_fields: Sequence[str]) ->
     return bool(content) and not any(is_filled(record[k]) for k in content)
 
 
-def tally_record(tally: PartitionTally, record: Mapping[str, Any], rules: RecordRules) -> None:
-    """Count one record's defects, and the fields it fills, into its partition's tally."""
+def _filled(value: Any) -> bool:
+    """:func:`is_filled`, its commonest cases first (a record's values are mostly text)."""
+    if type(value) is str:
+        return bool(value.strip())
+    return is_filled(value)
+
+
+def tally_record(
+    tally: PartitionTally, record: Mapping[str, Any], rules: RecordRules
+) -> str | None:
+    """Count one record's defects, and the fields it fills, into its partition's tally; return
+    its shape when it has no defect (the fields it fills and those it leaves empty: all that it
+    counted besides one record, see :func:`add_shape`), None when it has one.
+
+    Every record of a run passes here: one pass over its fields serves the fill counts and the
+    empty-shell check."""
     tally.records += 1
     filled = tally.filled
+    identity = rules.identity_fields
+    content = content_filled = False
+    full: list[str] = []
+    empty: list[str] = []
     for name, value in record.items():
-        if is_filled(value):
+        if _filled(value):
+            full.append(name)
             filled[name] = filled.get(name, 0) + 1
-        elif name not in filled:
-            filled[name] = 0
+            if name not in identity:
+                content = content_filled = True
+        else:
+            empty.append(name)
+            if name not in filled:
+                filled[name] = 0
+            if name not in identity:
+                content = True
+    clean = True
     for name in rules.required:
-        if not is_filled(record.get(name)):
+        if not _filled(record.get(name)):
             tally.missing[name] = tally.missing.get(name, 0) + 1
+            clean = False
     unparsable: set[str] = set()
     for name, parser in rules.parsers.items():
         value = record.get(name)
-        if is_filled(value) and not PARSERS[parser](value):
+        if _filled(value) and not PARSERS[parser](value):
             unparsable.add(name)
             tally.unparsable[name] = tally.unparsable.get(name, 0) + 1
             tally.note(f"unparsable:{name}", value)
@@ -50,14 +79,31 @@ def tally_record(tally: PartitionTally, record: Mapping[str, Any], rules: Record
             continue
         value = record.get(column.field)
         if cast(column, value)[1] is not None:
+            clean = False
             tally.unparsable[column.field] = tally.unparsable.get(column.field, 0) + 1
             tally.note(f"unparsable:{column.field}", value)
     if rules.consent_markers and is_consent_page(record, rules.consent_markers):
         tally.consent_pages += 1
         title = record.get("title")
         tally.note("consent", title if is_filled(title) else dict(record))
-    elif is_empty_shell(record, rules.identity_fields):
+        clean = False
+    elif content and not content_filled:  # is_empty_shell, from the pass above
         tally.empty_shells += 1
+        clean = False
+    return orjson.dumps([full, empty]).decode() if clean and not unparsable else None
+
+
+def add_shape(tally: PartitionTally, found: str, records: int) -> None:
+    """Count ``records`` records of one shape (as :func:`tally_record` returns it) into a tally,
+    as :func:`tally_record` would count each of them."""
+    filled_names, empty_names = orjson.loads(found)
+    tally.records += records
+    filled = tally.filled
+    for name in filled_names:
+        filled[name] = filled.get(name, 0) + records
+    for name in empty_names:
+        if name not in filled:
+            filled[name] = 0
 
 
 def tally_records(

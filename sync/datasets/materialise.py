@@ -23,7 +23,7 @@ removed.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
@@ -106,16 +106,20 @@ def apply_publication(
     now: datetime,
     previous_run_id: str | None = None,
     replacing: str | None = None,
+    fields: Collection[str] | None = None,
 ) -> Materialised:
     """Bring the dataset's table to ``run``'s published view, with its history and change feed;
-    ``replacing`` is a published run being withdrawn in its favour. The run's rows pass through
-    Python a batch at a time, so memory does not grow with the run."""
+    ``replacing`` is a published run being withdrawn in its favour; ``fields``, every field of
+    the run's published records, when the caller knows them (a dataset without ``[columns]``
+    gets a text column for each new one; else the database finds those of the rows to write).
+    The run's rows pass through Python a batch at a time, so memory does not grow with the run."""
     tables = dataset_schema.tables_in(session, dataset.name, schema)
     # the history held nothing before this publication (a first copy fills the table below)
     fresh = dataset_history.is_empty(session, tables)
     had_rows = _has_rows(session, tables)
     if not dataset.columns:  # a text column for each field first seen, before any row is cast
-        added = dataset_schema.new_columns(tables.columns, _new_fields(session, tables, run))
+        seen = _new_fields(session, tables, run) if fields is None else set(fields)
+        added = dataset_schema.new_columns(tables.columns, seen)
         tables = dataset_schema.add_columns(session, tables, added, schema)
     copied = _copy_plain_first(session, dataset, tables, run) if fresh else 0
     # a first publication that copied every row leaves nothing for Python to cast or compare

@@ -233,6 +233,23 @@ class RunProfile(Base):
     profiled_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class RecordProfile(Base):
+    """The shape of a clean record of a run (the fields it fills and those it leaves empty),
+    keyed by its payload hash and by the record rules it was judged under: an evaluation reads
+    the shapes of the payloads it has judged before instead of their records. Records with a
+    defect have none; they are read again, for their samples."""
+
+    __tablename__ = "record_profiles"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(200))
+    payload_hash: Mapped[str] = mapped_column(String(64))
+    rules: Mapped[str] = mapped_column(String(32))
+    shape: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (Index("ix_record_profiles_run_hash", "run_id", "payload_hash"),)
+
+
 class SetAsideRecord(Base):
     """A record of a run set aside at import (a NUL, an overlong value...) whose entity is
     known: its entity keeps its last published row, flagged stale, and is never reported

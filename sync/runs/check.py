@@ -103,7 +103,7 @@ def rejudge(
                 min_history=dataset.quality.min_history,
                 profile=None,
             )
-        tallies, _ = evidence.tally(session, run_id, dataset)
+        tallies, _ = evidence.tally(session, run_id, dataset, keep=False)
         judgement = judge(
             dataset,
             jobs=evidence.job_facts(session, run_id, {}),

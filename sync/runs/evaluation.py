@@ -381,6 +381,7 @@ def _apply(
                         previous=current,
                         now=now,
                         schema=schema,
+                        fields=_published_fields(judgement),
                     )
                 )
         else:
@@ -399,6 +400,15 @@ def _apply(
         events=tuple(events),
         reasons=tuple(run.reasons),
     )
+
+
+def _published_fields(judgement: Judgement) -> set[str] | None:
+    """Every field of the records of the partitions the judgement passed (filled or not), as
+    its tallies found them."""
+    if judgement.profile is None:
+        return None
+    rates = judgement.profile.partition_fill_rates
+    return {name for p in judgement.partitions if p.passed for name in rates.get(p.partition, {})}
 
 
 def _cancel(

@@ -9,27 +9,25 @@ same facts, so a re-judgement sees exactly what the evaluator saw.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
-from sync.acceptance.facts import ImportFacts, JobFacts, PartitionTally, Profile, RecordRules
-from sync.acceptance.records import tally_records
+from sync.acceptance.facts import ImportFacts, JobFacts, PartitionTally, Profile
 from sync.ingest.store import task_key_for
 from sync.models import (
     Attempt,
     Launch,
-    Observation,
     OperatorDecision,
     Run,
     RunProfile,
     ScrapingJob,
     SyncTask,
 )
+from sync.runs import shapes
 from sync.states import (
     AttemptOutcome,
     Decision,
@@ -37,7 +35,6 @@ from sync.states import (
     LaunchState,
     RunState,
     TaskState,
-    ValidationState,
 )
 
 UNFINISHED_LAUNCHES = (LaunchState.INTENDED, LaunchState.CREATING, LaunchState.UNCERTAIN)
@@ -158,25 +155,13 @@ def _add_counts(into: dict[str, int], counts: Mapping[str, int]) -> None:
         into[reason] = into.get(reason, 0) + int(n)
 
 
-def tally(session: Session, run_id: str, dataset: Dataset) -> tuple[dict[str, PartitionTally], int]:
-    """Stream the run's observations through the record rules; also count rows rewritten since
-    the last verdict."""
-    pending = 0
-
-    def records() -> Iterator[tuple[str | None, dict[str, Any]]]:
-        nonlocal pending
-        stmt = (
-            select(Observation.partition, Observation.payload, Observation.validation_state)
-            .where(Observation.run_id == run_id)
-            .execution_options(yield_per=2000)
-        )
-        for partition, payload, state in session.execute(stmt):
-            if state == ValidationState.PENDING:
-                pending += 1
-            yield partition, payload
-
-    tallies = tally_records(records(), RecordRules.of(dataset))
-    return tallies, pending
+def tally(
+    session: Session, run_id: str, dataset: Dataset, *, keep: bool = True
+) -> tuple[dict[str, PartitionTally], int]:
+    """The run's records tallied per partition under the record rules, reading again only those
+    not judged before (:mod:`sync.runs.shapes`; ``keep`` false writes no shape); also count rows
+    rewritten since the last verdict."""
+    return shapes.tally(session, run_id, dataset, keep=keep)
 
 
 def accepted_history(session: Session, run: Run, *, limit: int) -> list[Profile]:

@@ -9,6 +9,7 @@ follow it (:mod:`sync.datasets.materialise`), inside the evaluating transaction.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
 from sqlalchemy import func, select, update
@@ -67,11 +68,12 @@ def publish(
     now: datetime,
     schema: str,
     replacing: str | None = None,
+    fields: Collection[str] | None = None,
 ) -> list[str]:
     """Flip the dataset's published pointer to ``run``, bring the dataset's table to it (see
     :mod:`sync.datasets.materialise`) and write the events that say so: ``dataset.published``, then
-    the
-    pages of ``dataset.changed``."""
+    the pages of ``dataset.changed``. ``fields``: every field of the run's published records,
+    when the caller's judgement knows them (else the database finds them)."""
     if previous is not None:
         session.execute(
             update(Publication)
@@ -127,6 +129,7 @@ def publish(
         now=now,
         previous_run_id=previous.run_id if previous is not None else None,
         replacing=replacing,
+        fields=fields,
     )
     row.changes = change_feed.counts_of(made.changes)
     return [published, *made.events]

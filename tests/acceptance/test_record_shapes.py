@@ -1,0 +1,163 @@
+"""An evaluation reads again only what changed: the shapes of the clean records it judged are
+kept by payload hash, and a later evaluation of the run counts them in the database. The tallies
+must be exactly those of reading every record, with defects, after a "Continue" that rewrote some
+records, and after the record rules changed."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from sqlalchemy import Text, cast, select
+
+from simulator import CloudState
+from sync.acceptance.facts import PartitionTally, RecordRules
+from sync.acceptance.records import tally_records
+from sync.bootstrap import Services
+from sync.ingest import store, tasks
+from sync.models import Observation, RecordProfile
+from sync.queue import RecordingDispatcher
+from sync.runs import evaluation, shapes
+from tests.acceptance.flow import (
+    DATASETS_TOML,
+    finished_job,
+    product_records,
+    run_id_of,
+    use_datasets,
+)
+
+CONSENT, UNPARSABLE, MISSING, SHELL = 0, 1, 2, 3  # the first records' defects
+
+
+def _records() -> list[dict[str, Any]]:
+    records = product_records(40)
+    records[CONSENT]["title"] = "Before you continue to the shop"
+    records[UNPARSABLE]["price"] = "call for price"
+    records[MISSING]["price"] = ""
+    records[SHELL] = {"sku": records[SHELL]["sku"], "retailer": records[SHELL]["retailer"],
+                      "title": " ", "price": ""}  # fmt: skip
+    return records
+
+
+def _sync(services: Services, job_id: int) -> None:
+    offline = replace(services, dispatcher=RecordingDispatcher())
+    with services.uow.begin() as session:
+        wish = store.want_sync(session, job_id, now=services.clock())
+        session.commit()
+    assert tasks.run_sync(offline, wish.task_key).outcome == "committed"
+
+
+def _evaluate(services: Services, run_id: str) -> str:
+    offline = replace(services, dispatcher=RecordingDispatcher())
+    return evaluation.evaluate_run(offline, run_id, force=True).outcome
+
+
+def _as_read(services: Services, run_id: str) -> dict[str, PartitionTally]:
+    """The run's tallies from every record read as it is stored: what the kept shapes replace."""
+    with services.uow.begin() as session:
+        rows = session.execute(
+            select(Observation.partition, cast(Observation.payload, Text)).where(
+                Observation.run_id == run_id
+            )
+        ).all()
+    import orjson
+
+    rules = RecordRules.of(services.datasets.get("products"))
+    return tally_records(((p, orjson.loads(payload)) for p, payload in rows), rules)
+
+
+def _comparable(tallies: dict[str, PartitionTally]) -> dict[str, Any]:
+    return {
+        name: (
+            t.records,
+            t.missing,
+            t.unparsable,
+            t.consent_pages,
+            t.empty_shells,
+            t.filled,
+            {key: sorted(found) for key, found in t.samples.items()},
+        )
+        for name, t in tallies.items()
+    }
+
+
+@pytest.fixture
+def read_back(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The records an evaluation tallies in Python (read back from the database)."""
+    seen: list[dict[str, Any]] = []
+    real = shapes.tally_record
+
+    def counting(tally: PartitionTally, record: dict[str, Any], rules: RecordRules) -> Any:
+        seen.append(record)
+        return real(tally, record, rules)
+
+    monkeypatch.setattr(shapes, "tally_record", counting)
+    return seen
+
+
+def test_a_later_evaluation_reads_only_the_changed_records_and_the_defective_ones(
+    services: Services, cloud: CloudState, read_back: list[dict[str, Any]]
+) -> None:
+    """The first evaluation reads all 40 records; after a "Continue" that rewrote 5 records and
+    added one, the next reads those 6 and the 3 unchanged ones with a defect (kept for their
+    samples), and every tally is what reading the whole run gives."""
+    records = _records()
+    job_id = finished_job(cloud, records)
+    run_id = run_id_of(job_id)
+    _sync(services, job_id)
+    assert _evaluate(services, run_id) == "rejected"  # a consent page, a shell...
+    assert len(read_back) == 40
+
+    changed = [dict(r) for r in records]
+    changed[UNPARSABLE]["price"] = "12.50"  # repaired
+    for i in (5, 6, 7):
+        changed[i]["price"] = "99.99"
+    changed[8]["title"] = "Are you a robot?"  # a new consent page
+    changed += product_records(1, start=900)  # and one more record: Cloud's counters move
+    cloud.continue_job(job_id)
+    cloud.run_job(job_id, records=changed)
+    _sync(services, job_id)
+    read_back.clear()
+    _evaluate(services, run_id)
+    rewritten = {changed[i]["sku"] for i in (UNPARSABLE, 5, 6, 7, 8, 40)}
+    still_defective = {changed[i]["sku"] for i in (CONSENT, MISSING, SHELL)}
+    assert sorted(r["sku"] for r in read_back) == sorted(rewritten | still_defective)
+
+    with services.uow.begin() as session:
+        kept, _ = shapes.tally(session, run_id, services.datasets.get("products"), keep=False)
+    assert _comparable(kept) == _comparable(_as_read(services, run_id))
+    assert kept["alpha.example"].consent_pages + kept["alpha.example"].empty_shells >= 1
+
+
+def test_changed_record_rules_judge_every_record_again(
+    services: Services, cloud: CloudState, read_back: list[dict[str, Any]]
+) -> None:
+    """Shapes are kept under the rules they were judged by: a datasets file that makes every
+    title a number to parse reads all 40 records again (in ``check`` too, which keeps nothing),
+    finds them unparsable and rejects the run, and the shapes of the old rules are gone."""
+    job_id = finished_job(cloud, product_records(40))
+    run_id = run_id_of(job_id)
+    _sync(services, job_id)
+    assert _evaluate(services, run_id) == "published"
+    read_back.clear()
+    assert _evaluate(services, run_id) == "unchanged"
+    assert read_back == []  # every record's shape was kept
+
+    stricter = DATASETS_TOML.replace(
+        'parsers = { price = "number" }', 'parsers = { price = "number", title = "number" }'
+    )
+    services = use_datasets(services, stricter)
+    with services.uow.begin() as session:  # a read-only re-judgement (check) reads them all too
+        judged, _ = shapes.tally(session, run_id, services.datasets.get("products"), keep=False)
+    assert _comparable(judged) == _comparable(_as_read(services, run_id))
+    read_back.clear()
+    assert _evaluate(services, run_id) == "rejected"
+    assert len(read_back) == 40
+    with services.uow.begin() as session:
+        rules = set(session.execute(select(RecordProfile.rules).distinct()).scalars())
+        kept, _ = shapes.tally(session, run_id, services.datasets.get("products"), keep=False)
+    fingerprint = RecordRules.of(services.datasets.get("products")).fingerprint
+    assert rules <= {fingerprint}  # no record is clean under them: none kept, none stale
+    assert _comparable(kept) == _comparable(_as_read(services, run_id))
+    assert sum(t.unparsable.get("title", 0) for t in kept.values()) == 40
