@@ -193,6 +193,9 @@ class Observation(Base):
     source_job_id: Mapped[int] = mapped_column(BigInteger)
     source_attempt_id: Mapped[str] = mapped_column(String(36))
     validation_state: Mapped[str] = mapped_column(String(20), default=ValidationState.PENDING)
+    # the record's shape as the last evaluation judged it, when it had no defect (its rules'
+    # fingerprint, then the fields it fills and leaves empty); a rewrite forgets it
+    shape: Mapped[str | None] = mapped_column(Text)
     first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
 
@@ -231,23 +234,6 @@ class RunProfile(Base):
     partition_fill_rates: Mapped[dict[str, Any]]
     fields: Mapped[list[Any]] = mapped_column(Payload)
     profiled_at: Mapped[datetime] = mapped_column(default=utcnow)
-
-
-class RecordProfile(Base):
-    """The shape of a clean record of a run (the fields it fills and those it leaves empty),
-    keyed by its payload hash and by the record rules it was judged under: an evaluation reads
-    the shapes of the payloads it has judged before instead of their records. Records with a
-    defect have none; they are read again, for their samples."""
-
-    __tablename__ = "record_profiles"
-
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
-    run_id: Mapped[str] = mapped_column(String(200))
-    payload_hash: Mapped[str] = mapped_column(String(64))
-    rules: Mapped[str] = mapped_column(String(32))
-    shape: Mapped[str] = mapped_column(Text)
-
-    __table_args__ = (Index("ix_record_profiles_run_hash", "run_id", "payload_hash"),)
 
 
 class SetAsideRecord(Base):

@@ -48,7 +48,6 @@ from sync.models import (
     Observation,
     OutboxEvent,
     Publication,
-    RecordProfile,
     Run,
     SetAsideRecord,
 )
@@ -233,11 +232,10 @@ def prune_observations(services: Services, limits: Limits = DEFAULT_LIMITS) -> i
                     picked = o.alias("picked")
                     chosen = select(picked.c.id).where(picked.c.run_id == run_id).limit(size)
                     gone = _delete_in(session, Observation, "id", chosen)
-                    if gone < size:  # the run's last rows: what was kept of its records goes too
+                    if gone < size:  # the run's last rows: its set-aside records go with them
                         session.execute(
                             delete(SetAsideRecord).where(SetAsideRecord.run_id == run_id)
                         )
-                        session.execute(delete(RecordProfile).where(RecordProfile.run_id == run_id))
                     session.commit()
                 left -= gone
                 if gone < size:

@@ -1,61 +1,104 @@
-"""A run's records tallied per partition, reading again only what the last evaluation did not
-judge: the shape of every record without defects is kept by its payload hash
-(:class:`sync.models.RecordProfile`), and the database counts the run's rows per partition and
-kept shape in one statement.
+"""A run's records tallied per partition, reading again only what no evaluation judged before.
 
-A first evaluation reads every record once and keeps the shapes; after a "Continue" that changed
-a tenth of the records, the next reads that tenth. Records with a defect keep no shape: they are
-read every time, so that their samples are those of the run as it is. The shapes are kept under
-the record rules' fingerprint; a changed datasets file judges every record again."""
+Every observation keeps the shape of its record as the last evaluation of its run judged it: the
+fields it fills and those it leaves empty, under the fingerprint of the record rules it was judged
+by (``observations.shape``). A sync that rewrites the row forgets it. The database counts the
+run's rows per partition and shape in one statement; only the rows without a shape under the
+rules in force are read and tallied in Python. Records with a defect keep no shape: they are read
+every time, so that their samples are those of the run as it is.
+
+The shapes found are written with the verdict, in the statement that marks those rows valid or
+quarantined (:func:`apply`), so no row is written twice. A first evaluation reads every record;
+after a "Continue" that rewrote a tenth of them, the next one reads that tenth."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Sequence
 
 import orjson
-from sqlalchemy import Text, case, cast, delete, exists, func, insert, select
+from sqlalchemy import Connection, Text, case, cast, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
 from sync.acceptance.records import add_shape, tally_record
-from sync.db import planner_method_off
-from sync.models import Observation, RecordProfile
+from sync.models import Observation
 from sync.states import ValidationState
 
-BATCH = 5000  # rows read, and shapes written, at a time
+BATCH = 5000  # rows read, and shapes staged, at a time
+STAGED = "obs_shapes"  # the shapes found by this evaluation, until its verdict writes them
 
 
 def tally(
     session: Session, run_id: str, dataset: Dataset, *, keep: bool = True
 ) -> tuple[dict[str, PartitionTally], int]:
     """The run's records tallied per partition under the dataset's record rules, and how many
-    of its rows were written since the last verdict; ``keep`` false writes nothing (a
-    read-only re-judgement keeps no shapes)."""
+    of its rows were written since the last verdict. With ``keep``, the shapes of the records
+    read are staged for :func:`apply`; without, nothing is written (a read-only re-judgement)."""
     rules = RecordRules.of(dataset)
-    fingerprint = rules.fingerprint
-    p = RecordProfile.__table__.c
-    if keep:  # shapes kept under rules no longer in force
-        session.execute(delete(RecordProfile).where(p.run_id == run_id, p.rules != fingerprint))
+    prefix = rules.fingerprint + "|"
+    o = Observation.__table__.c
+    kept = o.shape.startswith(prefix, autoescape=True)
     tallies: dict[str, PartitionTally] = {}
     pending = 0
-    known = session.execute(
-        select(exists().where(p.run_id == run_id, p.rules == fingerprint))
-    ).scalar_one()
-    if known:
-        pending = _count_known(session, run_id, fingerprint, tallies)
-    keeper = _Keeper(session, run_id, fingerprint) if keep else None
-    for partition, payload, payload_hash, state in _unjudged(session, run_id, fingerprint, known):
-        if state == ValidationState.PENDING:
-            pending += 1
-        record = orjson.loads(payload)
-        found = tally_record(_tally_of(tallies, partition), record, rules)
-        if found is not None and keeper is not None:
-            keeper.add(payload_hash, found)
-    if keeper is not None:
-        keeper.flush(final=True)
+    pending_rows = func.sum(case((o.validation_state == ValidationState.PENDING, 1), else_=0))
+    groups = session.execute(
+        select(o.partition, case((kept, o.shape)), func.count(), pending_rows)
+        .where(o.run_id == run_id)
+        .group_by(o.partition, case((kept, o.shape)))
+    ).all()
+    unjudged = 0
+    for partition, found, records, rewritten in groups:
+        pending += int(rewritten or 0)
+        if found is None:
+            unjudged += int(records)
+        else:
+            add_shape(_tally_of(tallies, partition), found[len(prefix) :], int(records))
+    if not unjudged:
+        return tallies, pending
+    stage = _Stage(session.connection(), prefix) if keep else None
+    # the payload as text, parsed by orjson: half the time of the driver's JSON decoding
+    rows = session.execute(
+        select(o.id, o.partition, cast(o.payload, Text))
+        .where(o.run_id == run_id, or_(o.shape.is_(None), ~kept))
+        .execution_options(yield_per=BATCH)
+    )
+    for row_id, partition, payload in rows:
+        found = tally_record(_tally_of(tallies, partition), orjson.loads(payload), rules)
+        if found is not None and stage is not None:
+            stage.add(row_id, found)
+    if stage is not None:
+        stage.flush(final=True)
+        session.info[STAGED] = True
     return tallies, pending
+
+
+def apply(session: Session, quarantined: Sequence[str]) -> None:
+    """Write the shapes this evaluation staged onto their rows, and mark those rows valid (or
+    quarantined, in the partitions named) in the same statement. Rows a sync rewrote since the
+    evaluation read them are refused by REPEATABLE READ, as every write of a verdict is."""
+    if not session.info.pop(STAGED, False):
+        return
+    connection = session.connection()
+    params: dict[str, object] = {"none": NO_PARTITION, "quarantined": list(quarantined)}
+    if connection.dialect.name == "postgresql":
+        sql = (
+            "UPDATE observations SET shape = s.shape, validation_state = CASE WHEN "  # noqa: S608 - constants only
+            "COALESCE(observations.partition, :none) = ANY(:quarantined) "
+            f"THEN '{ValidationState.QUARANTINED}' ELSE '{ValidationState.VALID}' END "
+            f"FROM {STAGED} s WHERE observations.id = s.id"
+        )
+    else:
+        sql = (
+            f"UPDATE observations SET shape = (SELECT s.shape FROM {STAGED} s "  # noqa: S608 - constants only
+            "WHERE s.id = observations.id), validation_state = CASE WHEN "
+            "COALESCE(partition, :none) IN (SELECT value FROM json_each(:quarantined)) "
+            f"THEN '{ValidationState.QUARANTINED}' ELSE '{ValidationState.VALID}' END "
+            f"WHERE id IN (SELECT id FROM {STAGED})"
+        )
+        params["quarantined"] = orjson.dumps(list(quarantined)).decode()
+    connection.execute(text(sql), params)
+    connection.execute(text(f"DELETE FROM {STAGED}"))  # noqa: S608 - a constant name
 
 
 def _tally_of(tallies: dict[str, PartitionTally], partition: str | None) -> PartitionTally:
@@ -66,97 +109,48 @@ def _tally_of(tallies: dict[str, PartitionTally], partition: str | None) -> Part
     return found
 
 
-def _shapes(run_id: str, fingerprint: str) -> Any:
-    p = RecordProfile.__table__.c
-    return (
-        select(p.payload_hash, p.shape)
-        .where(p.run_id == run_id, p.rules == fingerprint)
-        .distinct()
-        .subquery("shapes")
-    )
+class _Stage:
+    """The shapes of clean records read by this evaluation, staged in a temporary table a batch
+    at a time (PostgreSQL: by COPY while the rows stream in; SQLite, once every row is read)."""
 
-
-def _count_known(
-    session: Session, run_id: str, fingerprint: str, tallies: dict[str, PartitionTally]
-) -> int:
-    """Count the run's rows whose shape is kept into ``tallies``; return the rows written since
-    the last verdict (of all the run's rows, kept shape or not)."""
-    o = Observation.__table__.c
-    shapes = _shapes(run_id, fingerprint)
-    pending = func.sum(case((o.validation_state == ValidationState.PENDING, 1), else_=0))
-    query = (
-        select(o.partition, shapes.c.shape, func.count(), pending)
-        .select_from(
-            Observation.__table__.outerjoin(shapes, shapes.c.payload_hash == o.payload_hash)
-        )
-        .where(o.run_id == run_id)
-        .group_by(o.partition, shapes.c.shape)
-    )
-    with planner_method_off(session, "enable_nestloop"):  # the whole run against its shapes
-        groups = session.execute(query).all()
-    written = 0
-    for partition, found, records, rewritten in groups:
-        written += int(rewritten or 0)
-        if found is not None:
-            add_shape(_tally_of(tallies, partition), found, int(records))
-    return written
-
-
-def _unjudged(session: Session, run_id: str, fingerprint: str, known: bool) -> Iterator[Any]:
-    """(partition, payload as text, payload hash, validation state) of the run's rows whose
-    shape is not kept (all of them when ``known`` is false), a batch at a time."""
-    o = Observation.__table__.c
-    # the payload as text, parsed by orjson: half the time of the driver's JSON decoding
-    columns = (o.partition, cast(o.payload, Text), o.payload_hash, o.validation_state)
-    if not known:
-        query = select(*columns).where(o.run_id == run_id)
-    else:
-        shapes = _shapes(run_id, fingerprint)
-        query = (
-            select(*columns)
-            .select_from(
-                Observation.__table__.outerjoin(shapes, shapes.c.payload_hash == o.payload_hash)
+    def __init__(self, connection: Connection, prefix: str) -> None:
+        self.connection = connection
+        self.postgres = connection.dialect.name == "postgresql"
+        self.prefix = prefix
+        self.batch: list[tuple[int, str]] = []
+        if self.postgres:
+            connection.execute(
+                text(
+                    f"CREATE TEMP TABLE IF NOT EXISTS {STAGED} (id bigint, shape text) "
+                    "ON COMMIT DROP"
+                )
             )
-            .where(o.run_id == run_id, shapes.c.payload_hash.is_(None))
-        )
-    with planner_method_off(session, "enable_nestloop"):
-        rows = session.execute(query.execution_options(yield_per=BATCH))
-    return iter(rows)
+        else:
+            connection.execute(
+                text(f"CREATE TEMP TABLE IF NOT EXISTS {STAGED} (id integer, shape text)")
+            )
+        connection.execute(text(f"DELETE FROM {STAGED}"))  # noqa: S608 - a constant name
 
-
-class _Keeper:
-    """The shapes of clean records, written a batch at a time (PostgreSQL: by COPY while the
-    rows stream in; SQLite, whose reads could see them, once every row is read)."""
-
-    def __init__(self, session: Session, run_id: str, fingerprint: str) -> None:
-        self.connection = session.connection()
-        self.postgres = self.connection.dialect.name == "postgresql"
-        self.run_id, self.fingerprint = run_id, fingerprint
-        self.batch: dict[str, str] = {}
-
-    def add(self, payload_hash: str, found: str) -> None:
-        self.batch[payload_hash] = found
+    def add(self, row_id: int, found: str) -> None:
+        self.batch.append((row_id, self.prefix + found))
         if self.postgres and len(self.batch) >= BATCH:
             self.flush()
 
     def flush(self, *, final: bool = False) -> None:
         if not self.batch or not (self.postgres or final):
             return
-        rows = [(self.run_id, h, self.fingerprint, s) for h, s in self.batch.items()]
-        self.batch = {}
+        rows, self.batch = self.batch, []
         if self.postgres:
             raw = self.connection.connection.driver_connection
             assert raw is not None
             with (
                 raw.cursor() as cursor,
-                cursor.copy(
-                    "COPY record_profiles (run_id, payload_hash, rules, shape) FROM STDIN"
-                ) as copy,
+                cursor.copy(f"COPY {STAGED} (id, shape) FROM STDIN") as copy,
             ):
                 for row in rows:
                     copy.write_row(row)
         else:
             self.connection.execute(
-                insert(RecordProfile),
-                [{"run_id": r, "payload_hash": h, "rules": f, "shape": s} for r, h, f, s in rows],
+                text(f"INSERT INTO {STAGED} (id, shape) VALUES (:id, :shape)"),  # noqa: S608
+                [{"id": i, "shape": s} for i, s in rows],
             )

@@ -14,6 +14,7 @@ from sync import outbox
 from sync.acceptance.decisions import OPERATOR, RULES
 from sync.acceptance.facts import ACCEPTED, NO_PARTITION, Judgement
 from sync.models import Observation, PartitionVerdict, Run, RunProfile
+from sync.runs import shapes
 from sync.states import PartitionState, ValidationState
 
 
@@ -126,8 +127,10 @@ def _in_partitions(names: list[str]) -> Any:
 def mark_observations(session: Session, run_id: str, judgement: Judgement) -> None:
     """Quarantine the failed partitions' rows and mark the rest valid; rows this evaluation did
     not read (written by a sync since) are left alone: REPEATABLE READ refuses to touch them."""
+    quarantined = [p.partition for p in judgement.partitions if not p.passed]
+    shapes.apply(session, quarantined)  # the rows it read again: their shapes, in one write
     groups = {
-        ValidationState.QUARANTINED: [p.partition for p in judgement.partitions if not p.passed],
+        ValidationState.QUARANTINED: quarantined,
         ValidationState.VALID: [p.partition for p in judgement.partitions if p.passed],
     }
     for state, names in groups.items():
