@@ -163,8 +163,15 @@ def test_the_maintenance_lock_lost_between_two_ticks_does_not_stop_the_passes(
         what="a pass after the loss queues the task",
         report=deployment.logs,
     )
+    # The pass that queued the task writes its heartbeat after its other steps, while the work
+    # horse may already have committed the task: wait for that beat rather than race it.
+    wait_until(
+        lambda: _last_beat(services.uow) > before,  # type: ignore[operator]
+        timeout=2 * SWEEP + 30,
+        what="the pass after the loss records its heartbeat",
+        report=deployment.logs,
+    )
     assert worker.poll() is None  # the same worker, never restarted
-    assert _last_beat(services.uow) > before  # type: ignore[operator]
     assert redis.exists(maintenance.LOCK_KEY) == 1
     assert observation_count(services) == 120
     with services.uow.begin() as session:
