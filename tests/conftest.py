@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import tempfile
 from collections.abc import Iterator
@@ -15,14 +16,17 @@ from sync.models import Base
 
 pytest_plugins = ["tests.harness"]
 
-# Two test sessions may run at once on one machine (a developer's and CI's): each claims a slot,
-# held by a file lock for as long as the session lives, and takes that slot's PostgreSQL database
-# and Redis databases. A crashed session's lock goes with its process.
+# Two test sessions may run at once on one machine (a developer's and CI's), each spread over
+# worker processes: each process that runs tests claims a slot, held by a file lock for as long as
+# it lives, and takes that slot's PostgreSQL database and Redis databases. A crashed process's lock
+# goes with it. The slot is claimed on first use, so the process that only hands tests out to the
+# workers holds none.
 SLOTS = ((14, 15), (12, 13), (10, 11), (4, 5), (2, 3))  # Redis dbs: the sync path's, the client's
 _held: list[int] = []
 
 
-def _claim_slot() -> int:
+@functools.cache
+def _slot() -> int:
     for slot in range(len(SLOTS)):
         path = os.path.join(tempfile.gettempdir(), f"scrapesync-tests-slot-{slot}.lock")
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
@@ -33,19 +37,33 @@ def _claim_slot() -> int:
             continue
         _held.append(fd)
         return slot
-    raise RuntimeError(f"all {len(SLOTS)} test slots are taken: too many test sessions at once")
+    raise RuntimeError(f"all {len(SLOTS)} test slots are taken: too many test processes at once")
 
 
-SLOT = _claim_slot()
+def _session_database_name() -> str:
+    return f"scrapesync_test_{_slot()}"
+
+
+def _redis_url() -> str:
+    default = f"redis://127.0.0.1:6379/{SLOTS[_slot()][0]}"
+    return os.environ.get("SCRAPESYNC_TEST_REDIS_URL", default)
+
+
+def __getattr__(name: str) -> object:
+    """``REDIS_URL`` and ``CLIENT_REDIS_URL``: this process's Redis databases, its slot claimed
+    on first use."""
+    if name == "REDIS_URL":
+        return _redis_url()
+    if name == "CLIENT_REDIS_URL":
+        default = f"redis://127.0.0.1:6379/{SLOTS[_slot()][1]}"
+        return os.environ.get("SCRAPESYNC_TEST_CLIENT_REDIS_URL", default)
+    raise AttributeError(name)
+
+
 BASE_DATABASE_URL = os.environ.get(
     "SCRAPESYNC_TEST_DATABASE_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
 ON_SQLITE = BASE_DATABASE_URL.startswith("sqlite")
-SESSION_DATABASE = f"scrapesync_test_{SLOT}"
-REDIS_URL = os.environ.get("SCRAPESYNC_TEST_REDIS_URL", f"redis://127.0.0.1:6379/{SLOTS[SLOT][0]}")
-CLIENT_REDIS_URL = os.environ.get(
-    "SCRAPESYNC_TEST_CLIENT_REDIS_URL", f"redis://127.0.0.1:6379/{SLOTS[SLOT][1]}"
-)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -94,15 +112,16 @@ def dataset_tables(conn: Connection) -> list[str]:
 
 def _session_database(base_url: str, *, create: bool) -> str:
     """The session's own PostgreSQL database beside ``base_url``'s, dropped (and made afresh)."""
+    name = _session_database_name()
     admin = db.make_engine(base_url, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {SESSION_DATABASE} WITH (FORCE)"))
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             if create:
-                conn.execute(text(f"CREATE DATABASE {SESSION_DATABASE}"))
+                conn.execute(text(f"CREATE DATABASE {name}"))
     finally:
         admin.dispose()
-    return make_url(base_url).set(database=SESSION_DATABASE).render_as_string(hide_password=False)
+    return make_url(base_url).set(database=name).render_as_string(hide_password=False)
 
 
 @pytest.fixture(scope="session")
@@ -156,7 +175,7 @@ def redis_conn() -> Iterator[object]:
     """A real Redis connection on a database the tests own, emptied before and after."""
     import redis
 
-    conn = redis.Redis.from_url(REDIS_URL)
+    conn = redis.Redis.from_url(_redis_url())
     conn.flushdb()
     yield conn
     conn.flushdb()
