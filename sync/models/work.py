@@ -199,7 +199,15 @@ class Observation(Base):
     first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    __table_args__ = (Index("ix_observations_run_partition", "run_id", "partition"),)
+    # Half of each page is left free, so that the verdict's UPDATE of every row of a run (and a
+    # sync's rewrite of its changed rows) writes each new row version beside the old one, in the
+    # same page, without touching the indexes (a heap-only update; no indexed column changes).
+    # A full page moves every updated row to a new page and adds an entry to all three indexes:
+    # five times as slow. The table ends the same size: an update leaves the old versions behind.
+    __table_args__ = (
+        Index("ix_observations_run_partition", "run_id", "partition"),
+        {"postgresql_with": {"fillfactor": 50}},
+    )
 
 
 class PartitionVerdict(Base):
