@@ -90,7 +90,11 @@ def tally_record(
     elif content and not content_filled:  # is_empty_shell, from the pass above
         tally.empty_shells += 1
         clean = False
-    return orjson.dumps([full, empty]).decode() if clean and not unparsable else None
+    if not clean or unparsable:
+        return None
+    full.sort()  # in name order: the same record read in another key order has the same shape
+    empty.sort()
+    return orjson.dumps([full, empty]).decode()
 
 
 def add_shape(tally: PartitionTally, found: str, records: int) -> None:

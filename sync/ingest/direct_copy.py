@@ -20,7 +20,7 @@ from sync.states import ValidationState
 log = logs.get("staging")
 
 _NO_DIGEST = bytes(1 + DIGEST_SIZE)
-_DIRECT = f"COPY observations ({WRITTEN_COLUMNS}) FROM STDIN"
+_DIRECT = f"COPY observations ({WRITTEN_COLUMNS}, shape) FROM STDIN"
 
 
 class DirectCopy:
@@ -46,8 +46,9 @@ class DirectCopy:
         self.rows = 0
         self._failed: str | None = None  # why the server refused the copy before its end
 
-    def add(self, staged: Identified, line_digest: bytes | None) -> None:
-        """Copy one record, and keep it in the spool."""
+    def add(self, staged: Identified, line_digest: bytes | None, shape: str | None) -> None:
+        """Copy one record with its shape, and keep it in the spool (without the shape: a
+        record staged again from the spool is read again by its evaluation)."""
         observation_key, entity_key, partition, start_url, payload, payload_hash = staged
         s = self._source
         if not self._failed:
@@ -69,6 +70,7 @@ class DirectCopy:
                         ValidationState.PENDING.value,
                         self._now,
                         self._now,
+                        shape,
                     )
                 )
             except psycopg.Error as exc:  # the server gave up on the copy: the spool goes on

@@ -7,8 +7,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
+from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
+from sync.acceptance.records import tally_record
 from sync.cloud.download import InvalidRecord, KnownLines
-from sync.identity import RecordIdentity
+from sync.identity import META_FIELDS, RecordIdentity
 from sync.ingest.line_digests import LineDigests
 from sync.ingest.staging import ObservationStager
 
@@ -143,6 +147,22 @@ class ExportRead:
     invalid: SetAside = field(default_factory=SetAside)
 
 
+def _shape(scratch: PartitionTally, record: Mapping[str, Any], rules: RecordRules) -> str | None:
+    """The shape of a record as its evaluation would find it in the stored payload (the record
+    without Cloud's metadata fields), or None to leave it to the evaluation: a record with a
+    defect, or one holding a number that the database would give back in another form (a float
+    written with an exponent, an integer past 64 bits), whose casts could then read otherwise."""
+    payload = {k: v for k, v in record.items() if k not in META_FIELDS}
+    for value in payload.values():
+        kind = type(value)
+        if kind is float:
+            if value != value or "e" in repr(value) or b"e" in orjson.dumps(value):
+                return None
+        elif kind is int and not -(2**63) <= value < 2**64:
+            return None
+    return tally_record(scratch, payload, rules)
+
+
 def stage_export(
     stager: ObservationStager,
     records: Iterable[tuple[int, Mapping[str, Any] | InvalidRecord | KnownLines]],
@@ -163,6 +183,12 @@ def stage_export(
     read = missing = protected = 0
     add, known = stager.add, stager.known
     quarter = max_record_bytes // 4
+    # Records copied straight in are stored with their shape under the dataset's record rules
+    # (sync.runs.shapes): the evaluation then counts them instead of reading them back. The
+    # scratch tally's counts are not kept; the evaluation makes its own.
+    rules = RecordRules.of(identify.dataset) if stager.takes_shapes else None
+    prefix = rules.fingerprint + "|" if rules is not None else ""
+    scratch = PartitionTally(NO_PARTITION)
     for line, item in records:
         if isinstance(item, KnownLines):
             known(item.indexes)
@@ -204,7 +230,12 @@ def stage_export(
                     values_at_fault(item, *problem, partition_field=identify.dataset.partition),
                 )
                 continue
-        add(staged, lines.digest_of(line) if lines is not None else None)
+        shape = _shape(scratch, item, rules) if rules is not None else None
+        add(
+            staged,
+            lines.digest_of(line) if lines is not None else None,
+            None if shape is None else prefix + shape,
+        )
         if read % 1000 == 0:
             tick(read)
     stager.flush()  # the end of the export: a copy straight into observations ends here

@@ -147,12 +147,20 @@ class ObservationStager:
         if self.keys_first and (lines.pending or lines.known):
             self._lines = lines
 
-    def add(self, staged: Identified, line_digest: bytes | None = None) -> None:
-        """Stage one record: its values as :class:`RecordIdentity` gives them, and the digest of
-        its line (see :mod:`sync.ingest.line_digests`)."""
+    @property
+    def takes_shapes(self) -> bool:
+        """Whether records are copied straight in, where a record's shape, given to
+        :meth:`add`, is stored with it (see :mod:`sync.runs.shapes`)."""
+        return self._direct is not None
+
+    def add(
+        self, staged: Identified, line_digest: bytes | None = None, shape: str | None = None
+    ) -> None:
+        """Stage one record: its values as :class:`RecordIdentity` gives them, the digest of
+        its line (see :mod:`sync.ingest.line_digests`) and, copied straight in, its shape."""
         self.count += 1
         if self._direct is not None:
-            self._direct.add(staged, line_digest)
+            self._direct.add(staged, line_digest, shape)
             return
         if self._spool is not None:
             observation_key, entity_key, partition, start_url, payload, payload_hash = staged
