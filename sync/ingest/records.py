@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,12 +152,13 @@ def _shape(scratch: PartitionTally, record: Mapping[str, Any], rules: RecordRule
     """The shape of a record as its evaluation would find it in the stored payload (the record
     without Cloud's metadata fields), or None to leave it to the evaluation: a record with a
     defect, or one holding a number that the database would give back in another form (a float
-    written with an exponent, an integer past 64 bits), whose casts could then read otherwise."""
+    written with an exponent, an infinity stored as null, an integer past 64 bits), whose casts
+    could then read otherwise."""
     payload = {k: v for k, v in record.items() if k not in META_FIELDS}
     for value in payload.values():
         kind = type(value)
         if kind is float:
-            if value != value or "e" in repr(value) or b"e" in orjson.dumps(value):
+            if not math.isfinite(value) or "e" in repr(value) or b"e" in orjson.dumps(value):
                 return None
         elif kind is int and not -(2**63) <= value < 2**64:
             return None
