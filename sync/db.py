@@ -35,7 +35,8 @@ POOLS: dict[str, dict[str, Any]] = {
     "web": {"pool_size": 2, "max_overflow": 0, "pool_timeout": 5},
     # A work horse runs one sync: its import transaction and the heartbeat beside it.
     "worker": {"pool_size": 2, "max_overflow": 1, "pool_timeout": 30},
-    # The maintenance pass of a worker's main process runs one session at a time.
+    # The maintenance pass of a worker's main process: one session at a time, and the
+    # advisory lock that keeps passes one at a time across workers (sync.operations.maintenance).
     "maintenance": {"pool_size": 1, "max_overflow": 1, "pool_timeout": 10},
     "cli": {"pool_size": 2, "max_overflow": 2, "pool_timeout": 30},
 }
@@ -183,6 +184,25 @@ def insert(session: Session, table: Any) -> postgresql.Insert | sqlite.Insert:
     if session.get_bind().dialect.name == "postgresql":
         return postgresql.insert(table)
     return sqlite.insert(table)
+
+
+_TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:space, hashtext(:key))")
+
+
+@contextmanager
+def alone(uow: UnitOfWork, space: int, key: str) -> Iterator[bool]:
+    """Whether this block is the only one under way for ``(space, key)`` across all processes:
+    PostgreSQL's advisory lock, taken in a transaction of its own connection and held until the
+    block ends, so whatever ends the block (a process's death too) lets go. On SQLite, whose
+    writers take turns anyway, always True."""
+    if uow.dialect != "postgresql":
+        yield True
+        return
+    with uow.engine.connect() as conn:
+        try:
+            yield bool(conn.execute(_TRY_LOCK, {"space": space, "key": key}).scalar_one())
+        finally:
+            conn.rollback()
 
 
 @contextmanager

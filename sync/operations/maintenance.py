@@ -11,9 +11,13 @@ every queuing is idempotent, so an extra pass is harmless.
 
 One pass per interval across all workers: a worker ticks five times per interval and runs a
 pass only when it takes a short lock in Redis (``SET NX PX``, 80% of the interval, never
-released, so it spaces the passes). When Redis does not answer the worker runs the pass anyway
-(it then mostly finds that it cannot queue, and says so). An exception in a step is logged; the
-other steps and the next pass still run.
+released, so it spaces the passes). When Redis does not answer, the last pass's heartbeat in SQL
+spaces them instead (it then mostly finds that it cannot queue, and says so). Never two at
+once: a pass runs under a PostgreSQL advisory lock held by its own connection, so a second
+worker whose turn came while the first is still inside a pass (Redis flushed, the lock expired
+on a long pass) leaves it to that one. A pass that cannot reach the database runs anyway, so
+that its steps say what failed. An exception in a step is logged; the other steps and the next
+pass still run.
 
 RQ forks a work horse for every job. A fork taken while the maintenance thread is inside a pass
 would copy locks that thread holds (SQLAlchemy's, psycopg's, the log handler's) into a child
@@ -24,10 +28,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
-from sync import logs
+from sync import db, logs
 from sync.alerts import sender as alert_sender
 from sync.alerts import watch
 from sync.bootstrap import Services
@@ -36,12 +41,15 @@ from sync.ingest import sweeper
 from sync.operations import heartbeat, retention
 from sync.operations import reconcile as reconciliation
 from sync.runs import due
+from sync.states import PassKind
 
 log = logs.get("maintenance")
 
 LOCK_KEY = "scrapesync:maintenance-lock"
 TICKS_PER_INTERVAL = 5
 LOCK_SHARE = 0.8
+_PASS_LOCK_SPACE = 0x5C5F  # the advisory lock's first key: a maintenance pass under way
+MAINTENANCE = PassKind.MAINTENANCE
 
 _in_pass = threading.RLock()  # held for a whole pass; a fork waits for it
 
@@ -118,8 +126,9 @@ def run_pass(services: Services) -> PassReport:
 
 
 def take_turn(services: Services, owner: str) -> bool:
-    """Whether this worker runs the pass now: True when it takes the short lock, or when Redis
-    cannot be asked (a pass too many is harmless; a pass too few is not)."""
+    """Whether this worker runs the pass now: True when it takes the short lock; when Redis
+    cannot be asked, when no pass has beaten for 80% of an interval (a pass too many is
+    harmless; a pass too few is not)."""
     if services.redis is None:
         return True
     ttl_ms = max(1, int(services.settings.sweep_interval * LOCK_SHARE * 1000))
@@ -127,7 +136,30 @@ def take_turn(services: Services, owner: str) -> bool:
         return bool(services.redis.set(LOCK_KEY, owner, nx=True, px=ttl_ms))
     except Exception:
         log.warning("maintenance.lock_unavailable", exc_info=True)
+        return _spaced_by_heartbeat(services)
+
+
+def _spaced_by_heartbeat(services: Services) -> bool:
+    try:
+        with services.uow.begin() as session:
+            last = heartbeat.latest(session)
+    except Exception:  # the database does not answer either: the pass says what failed
         return True
+    return (
+        last is None or last.age(services.clock()) >= services.settings.sweep_interval * LOCK_SHARE
+    )
+
+
+@contextmanager
+def _only_pass(services: Services) -> Iterator[bool]:
+    """Whether no other pass is under way, in any worker (see ``sync.db.alone``); True when the
+    database cannot be asked, so that the pass's steps meet it and say so."""
+    with ExitStack() as stack:
+        try:
+            alone = stack.enter_context(db.alone(services.uow, _PASS_LOCK_SPACE, MAINTENANCE))
+        except Exception:
+            alone = True
+        yield alone
 
 
 class MaintenanceLoop:
@@ -157,7 +189,11 @@ class MaintenanceLoop:
             try:
                 if not take_turn(self.services, self.owner):
                     return False
-                report = run_pass(self.services)
+                with _only_pass(self.services) as alone:
+                    if not alone:
+                        log.info("maintenance.pass_under_way")
+                        return False
+                    report = run_pass(self.services)
             except Exception:  # whatever happens, the next tick still comes
                 log.exception("maintenance.pass_failed")
                 return False

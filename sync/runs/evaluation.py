@@ -26,19 +26,18 @@ evaluation of a run runs at a time (an advisory lock); another leaves as ``busy`
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
 from typing import Any
 
-from sqlalchemy import or_, select, text, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
-from sync import logs
+from sync import db, logs
 from sync.acceptance.decisions import cancelled_reason, decided
 from sync.acceptance.facts import ACCEPTED, CANDIDATE, Judgement
 from sync.acceptance.verdict import judge, waiting_for_tasks
@@ -62,7 +61,6 @@ CONFLICT_RETRIES = 5
 _RETRYABLE_SQLSTATES = ("40001", "40P01", "55P03")
 
 _LOCK_SPACE = 0x5C5E  # the advisory locks' first key: scrapesync's evaluations
-_TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:space, hashtext(:run))")
 
 
 @dataclass(frozen=True)
@@ -84,7 +82,7 @@ def evaluate_run(services: Services, run_id: str, *, force: bool = False) -> Eva
     """Judge a run and write its verdict, publication and outbox events in one transaction. At
     most one evaluation of a run runs at a time: another one leaves at once, as ``busy``; one
     that finds the run's data judged as it stands leaves as ``unchanged`` unless ``force``."""
-    with _alone(services, run_id) as alone:
+    with db.alone(services.uow, _LOCK_SPACE, run_id) as alone:
         if not alone:
             log.info("evaluation.busy", extra={"run_id": run_id})
             return Evaluation(run_id, EvaluationOutcome.BUSY, None)
@@ -127,21 +125,6 @@ def _already_judged(services: Services, run_id: str) -> Evaluation | None:
         return Evaluation(
             run_id, EvaluationOutcome.UNCHANGED, run.state, run.revision, reasons=tuple(run.reasons)
         )
-
-
-@contextmanager
-def _alone(services: Services, run_id: str) -> Iterator[bool]:
-    """Whether this is the only evaluation of the run under way: PostgreSQL's advisory lock,
-    taken in a transaction of its own connection and held until it ends, so whatever ends the
-    evaluation (a worker's death too) lets go. SQLite's writers take turns anyway."""
-    if services.uow.dialect != "postgresql":
-        yield True
-        return
-    with services.uow.engine.connect() as conn:
-        try:
-            yield bool(conn.execute(_TRY_LOCK, {"space": _LOCK_SPACE, "run": run_id}).scalar_one())
-        finally:
-            conn.rollback()
 
 
 def _evaluate(services: Services, run_id: str) -> Evaluation:

@@ -103,12 +103,18 @@ def test_with_redis_gone_a_worker_still_runs_its_pass(
     web: Flask, services: Services, cloud: CloudState, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No lock can be taken and nothing can be queued while Redis is away: the pass runs
-    anyway, says what it could not queue, and leaves the task for the next pass."""
+    anyway, says what it could not queue, and leaves the task for the next pass, which the
+    last pass's heartbeat spaces like the lock would."""
     key = _lost_task(web, services, cloud)
     gone = Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=1)
-    away = dataclasses.replace(services, redis=gone, dispatcher=RQDispatcher(gone))
+    settings = dataclasses.replace(services.settings, sweep_interval=30.0)
+    away = dataclasses.replace(
+        services, redis=gone, dispatcher=RQDispatcher(gone), settings=settings
+    )
     assert maintenance.MaintenanceLoop(away, owner="w1").tick() is True
     assert any(r.msg == "maintenance.lock_unavailable" for r in caplog.records)
+    # the heartbeat in SQL spaces the passes instead of the lock: the other worker waits its turn
+    assert maintenance.MaintenanceLoop(away, owner="w2").tick() is False
     assert any(r.msg == "sweep.enqueue_failed" for r in caplog.records)
     assert task_of(services, key).state == "pending"
     report = maintenance.run_pass(services)  # Redis is back

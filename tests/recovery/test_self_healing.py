@@ -179,3 +179,39 @@ def test_the_maintenance_lock_lost_between_two_ticks_does_not_stop_the_passes(
             select(MaintenanceRun.summary).where(MaintenanceRun.kind == "sweep")
         ).scalars()
         assert {"due": 1, "enqueued": 1, "failures": 0} in list(sweeps)
+
+
+@pytest.mark.postgres
+def test_a_worker_whose_turn_comes_during_another_workers_pass_leaves_it_to_that_one(
+    services: Services,
+    sim: SimServer,
+    deployment: Deployment,
+    tmp_path: Path,
+    database_url: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Redis is flushed while a worker is inside its maintenance pass, so the short lock that
+    spaces the passes is gone: a second worker takes its turn but runs no second copy beside
+    the first. Once the first worker dies, every process at once, the second one's next turn
+    runs the pass."""
+    holds = tmp_path / "holds"
+    env = _env(tmp_path, database_url, sim)
+    held = {**env, "SCRAPESYNC_HOLD_AT": "maintenance-pass", "SCRAPESYNC_HOLD_FILE": str(holds)}
+    first = deployment.start("worker", held)
+    wait_until(lambda: _holds(holds) == 1, timeout=30, what="a pass held", report=deployment.logs)
+    dispatcher = services.dispatcher
+    assert isinstance(dispatcher, RQDispatcher)
+    before = _last_beat(services.uow)
+
+    dispatcher.redis.flushdb()  # the lock goes with everything else
+    second = maintenance.MaintenanceLoop(services, owner="second")
+    assert second.tick() is False
+    assert dispatcher.redis.get(maintenance.LOCK_KEY) == b"second"  # its turn, yet no pass
+    assert any(r.msg == "maintenance.pass_under_way" for r in caplog.records)
+    assert (second.passes, _last_beat(services.uow)) == (0, before)
+
+    kill_tree(first)  # its connection, and the advisory lock with it, goes with the process
+    dispatcher.redis.flushdb()
+    wait_until(lambda: second.tick(), timeout=10, what="the next turn runs the pass")
+    assert second.passes == 1
+    assert _last_beat(services.uow) != before
