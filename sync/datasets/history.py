@@ -32,7 +32,7 @@ from sqlalchemy import bindparam, delete, exists, or_, select
 from sqlalchemy.orm import Session
 
 from sync.casts import to_json
-from sync.datasets.rows import chunks, insert_rows
+from sync.datasets.rows import insert_rows, key_matches
 from sync.datasets.tables import DatasetTables, stretch_selects
 from sync.models import Run
 
@@ -151,9 +151,9 @@ def _read(
     open one."""
     found: dict[str, list[_Stretch]] = {}
     closed, open_ = stretch_selects(tables)
-    for part in chunks(keys):
-        for was_open, query in ((False, closed), (True, open_)):
-            wanted = query.where(query.selected_columns.entity_key.in_(part))
+    for was_open, query in ((False, closed), (True, open_)):
+        for matches in key_matches(session, query.selected_columns.entity_key, keys):
+            wanted = query.where(matches)
             for r in session.execute(wanted).mappings():
                 found.setdefault(r["entity_key"], []).append(
                     _Stretch(
