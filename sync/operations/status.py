@@ -25,6 +25,7 @@ from sync.models import (
     MaintenanceRun,
     Notification,
     Observation,
+    OperatorDecision,
     OutboxEvent,
     PartitionVerdict,
     Publication,
@@ -35,7 +36,7 @@ from sync.models import (
 from sync.operations import heartbeat, triage
 from sync.operations.reasons import reason_detail, reason_text
 from sync.runs import verdict_rows
-from sync.states import AttemptOutcome, OutboxState, PassKind, RunState, TaskState
+from sync.states import AttemptOutcome, Decision, OutboxState, PassKind, RunState, TaskState
 
 TASK_STATES: tuple[str, ...] = tuple(TaskState)  # in lifecycle order
 RUN_STATES: tuple[str, ...] = tuple(RunState)
@@ -254,6 +255,29 @@ def _publications(session: Session, dataset: str | None = None) -> list[dict[str
     ]
 
 
+def _baseline_resets(session: Session, dataset: str | None = None) -> list[dict[str, Any]]:
+    """Each dataset's (or ``dataset``'s) last baseline reset: who, when and why."""
+    last: dict[str, OperatorDecision] = {}
+    query = (
+        select(OperatorDecision)
+        .where(OperatorDecision.action == Decision.BASELINE_RESET)
+        .order_by(OperatorDecision.decided_at, OperatorDecision.id)
+    )
+    if dataset is not None:
+        query = query.where(OperatorDecision.dataset == dataset)
+    for decision in session.execute(query).scalars():
+        last[decision.dataset] = decision
+    return [
+        {
+            "dataset": name,
+            "decided_by": d.decided_by,
+            "reason": d.reason,
+            "decided_at": _iso(d.decided_at),
+        }
+        for name, d in sorted(last.items())
+    ]
+
+
 @dataclass(frozen=True)
 class LastReconcile:
     """The latest reconcile pass as recorded: when it ran and its summary."""
@@ -434,6 +458,7 @@ def overview(services: Services, *, limit: int = 50, dataset: str | None = None)
             "dataset": dataset,
             "runs": _runs(session, limit=limit, dataset=dataset),
             "publications": _publications(session, dataset),
+            "baseline_resets": _baseline_resets(session, dataset),
             "attention": triage.troubled_tasks(session, dataset=dataset),
         }
         shown = figures(session, now)

@@ -32,11 +32,16 @@ def duration(seconds: float | None) -> str:
 def format_table(values: dict[str, Any]) -> str:
     """The overview as the plain-text report ``scrapesync status`` prints."""
     lines = _runs_table(values["runs"]) + _run_notes(values["runs"])
-    if values["publications"]:
+    if values["publications"] or values.get("baseline_resets"):
         lines.append("")
     for p in values["publications"]:
         state = "published" if p["current"] else "withdrawn"
         lines.append(f"{p['dataset']}: {state} {p['run_id']} ({changes_text(p['changes'])})")
+    for r in values.get("baseline_resets") or []:
+        lines.append(
+            f"{r['dataset']}: baseline reset by the {r['decided_by']} at {r['decided_at']} "
+            f"({r['reason'] or 'no reason given'}); history rules compare with later runs only"
+        )
     lines.append("")
     lines += attention_lines(values.get("attention"))
     lines.append(_tasks_line(values["tasks"]))

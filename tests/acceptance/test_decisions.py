@@ -40,6 +40,16 @@ def cli(*args: str) -> tuple[int, str]:
     return result.exit_code, result.output
 
 
+def status_page(services: Services) -> str:
+    """The /status page as the operator reads it."""
+    app = create_app(
+        dataclasses.replace(
+            services, settings=dataclasses.replace(services.settings, status_token="tok")
+        )
+    )
+    return app.test_client().get("/status?token=tok").get_data(as_text=True)
+
+
 def events_of(services: Services, run_id: str) -> list[str]:
     """The types of a run's outbox events, oldest first."""
     with services.uow.begin() as session:
@@ -54,7 +64,8 @@ def events_of(services: Services, run_id: str) -> list[str]:
 
 @pytest.fixture
 def shrunk(web: Flask, services: Services, cloud: CloudState) -> tuple[Services, list[str], str]:
-    """Two accepted runs of 400 records, then one of 240 rejected for a 40% record_drop."""
+    """Two accepted runs of 400 records, then one of 240 rejected for a 40% record_drop
+    against the last accepted run, with its figures."""
     services = use_datasets(services, history_datasets())
     accepted = [
         collect(web, services, cloud, product_records(400)),
@@ -63,7 +74,15 @@ def shrunk(web: Flask, services: Services, cloud: CloudState) -> tuple[Services,
     run_id = collect(web, services, cloud, product_records(240, start=800))
     found = verdict(services, run_id)
     assert found.state == "rejected"
-    assert [r["code"] for r in found.reasons] == ["record_drop"]
+    (reason,) = found.reasons
+    assert (reason["code"], reason["got"], reason["baseline"], reason["expected"]) == (
+        "record_drop",
+        240,
+        400,
+        300,
+    )
+    assert reason["detail"] == {"drop_percent": 40.0, "max_drop_percent": 25, "baseline_runs": 1}
+    assert "(the last accepted run)" in reason["message"]
     return services, accepted, run_id
 
 
@@ -115,12 +134,7 @@ def test_accept_publishes_a_rejected_run_and_announces_the_operators_reason(
     assert [d["action"] for d in shown["decisions"]] == ["accept"]
     code, out = cli("status")
     assert REASON in out
-    app = create_app(
-        dataclasses.replace(
-            services, settings=dataclasses.replace(services.settings, status_token="tok")
-        )
-    )
-    page = app.test_client().get("/status?token=tok").get_data(as_text=True)
+    page = status_page(services)
     assert "Decided by the operator" in page
     assert REASON in page
 
@@ -163,6 +177,21 @@ def test_baseline_reset_makes_the_next_run_of_the_new_size_pass(
         assert len(resets) == 1
         assert resets[0].payload["reason"] == "the new normal"
     assert sorted(actions) == ["accept", "baseline_reset"]
+    code, out = cli("status")
+    (line,) = [x for x in out.splitlines() if x.startswith("products: baseline reset")]
+    assert "by the operator at " in line
+    assert "(the new normal)" in line
+    (shown,) = json.loads(cli("status", "--json")[1])["baseline_resets"]
+    assert (shown["dataset"], shown["decided_by"], shown["reason"]) == (
+        "products",
+        "operator",
+        "the new normal",
+    )
+    assert shown["decided_at"]
+    page = status_page(services)
+    assert 'class="decision baseline-reset" data-dataset="products"' in page
+    assert "baseline reset by the operator at " in page
+    assert "the new normal" in page
 
     after = collect(web, services, cloud, product_records(240, start=3000))
     found = verdict(services, after)
@@ -196,6 +225,11 @@ def test_reject_withdraws_a_published_run_and_falls_back_to_the_last_accepted_on
     assert code == 0, out
     assert "already rejected by the operator" in out
     assert events_of(services, second) == events
+    code, out = cli("status", second)
+    assert code == 0, out
+    assert "decided by: operator (reject at " in out
+    assert "prices were scraped in the wrong currency" in out
+    assert "prices were scraped in the wrong currency" in status_page(services)
     # forced re-evaluation (new data, the operator's own re-judgement): the decision stands
     from sync.runs import evaluation
 
@@ -235,6 +269,12 @@ def test_cancel_stops_waiting_for_a_run_that_will_never_complete(
     assert events_of(services, run_id) == ["run.cancelled"]
     assert cli("cancel", run_id)[0] == 0
     assert events_of(services, run_id) == ["run.cancelled"]
+    code, out = cli("status", run_id)
+    assert "decided by: operator (cancel at " in out
+    assert "the site is down for a week" in out
+    page = status_page(services)
+    assert "Decided by the operator: <b>cancel</b>" in page
+    assert "the site is down for a week" in page
     good = collect(web, services, cloud, product_records(400, start=100))
     code, out = cli("cancel", good)
     assert code != 0
