@@ -1,6 +1,7 @@
 """Alerts to people through the real worker path: a rejected run is told once to a Slack-style
 receiver and by e-mail through a real SMTP server, a second rejection within the alert interval
-is not, and the next accepted run says "recovered"."""
+is not, and the next accepted run says "recovered"; a job of a sitemap no dataset names is told
+to nobody."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from flask import Flask
 from sqlalchemy import select
 
 from simulator import CloudState
+from sync.alerts import sender, watch
 from sync.bootstrap import Services
 from sync.models import Alert
 from tests.acceptance.flow import finished_job, product_records, run_id_of, settle, verdict
 from tests.alerts.conftest import SMTP_PASSWORD, SMTP_USER, Mailbox
 from tests.fakes import Receiver
-from tests.harness import notify
+from tests.harness import notify, task_of
 
 pytestmark = [pytest.mark.redis, pytest.mark.postgres]
 
@@ -69,3 +71,23 @@ def test_a_rejected_run_is_told_once_per_interval_and_its_recovery_too(
     with services.uow.begin() as session:
         states = [a.state for a in session.execute(select(Alert)).scalars()]
     assert states == ["delivered"] * 4
+
+
+def test_a_job_of_a_sitemap_no_dataset_names_is_ignored_and_told_to_no_channel(
+    web: Flask, services: Services, cloud: CloudState, slack: Receiver, mailbox: Mailbox
+) -> None:
+    """Cloud notifies every job of the account: a finished job of another sitemap leaves an
+    ``ignored`` task, and neither the worker path nor the maintenance pass's watch tells any
+    channel about it."""
+    other = cloud.add_sitemap("someone-elses-sitemap")
+    job_id = cloud.create_job(other)
+    cloud.run_job(job_id, n=3)
+    notify(web, job_id, sitemap_name="someone-elses-sitemap")
+    settle(services)
+    assert task_of(services, f"job-{job_id}").state == "ignored"
+    assert watch.check(services)["alerts_written"] == 0
+    sender.send_due(services)
+    assert slack.requests == []
+    assert mailbox.messages == []
+    with services.uow.begin() as session:
+        assert session.execute(select(Alert)).first() is None

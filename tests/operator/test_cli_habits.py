@@ -32,9 +32,20 @@ def _verbs(group: click.Group, prefix: str = "") -> list[tuple[str, click.Comman
     return found
 
 
-@pytest.mark.parametrize("verb", [[], ["status"], ["db", "downgrade"], ["export"]], ids=str)
+def _paths(group: click.Group, prefix: tuple[str, ...] = ()) -> list[list[str]]:
+    """Every command and group under ``group``, as the words that name it."""
+    found: list[list[str]] = []
+    for name, command in sorted(group.commands.items()):
+        found.append([*prefix, name])
+        if isinstance(command, click.Group):
+            found += _paths(command, (*prefix, name))
+    return found
+
+
+@pytest.mark.parametrize("verb", [[], *_paths(main)], ids=" ".join)
 def test_dash_h_works_like_help(verb: list[str]) -> None:
-    """`scrapesync -h` and `scrapesync VERB -h` print what `--help` prints."""
+    """`scrapesync -h` and `scrapesync VERB -h`, for every verb and group, print what `--help`
+    prints."""
     short = CliRunner().invoke(main, [*verb, "-h"])
     long = CliRunner().invoke(main, [*verb, "--help"])
     assert short.exit_code == long.exit_code == 0
@@ -114,3 +125,46 @@ def test_sync_json_pipes_into_a_json_reader_with_log_lines_on_stderr(
     assert outcome["verdict"]["state"] in ("published", "accepted", "rejected")
     logged = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
     assert any(entry["event"] == "attempt.started" for entry in logged)
+
+
+def _json_of(*args: str) -> dict[str, object]:
+    """`scrapesync ARGS --json`: standard output is one JSON document."""
+    result = CliRunner().invoke(main, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    values: dict[str, object] = json.loads(result.stdout)
+    return values
+
+
+@pytest.mark.redis
+def test_launch_and_the_decisions_print_one_json_document_with_json(
+    web: Flask, services: Services, cloud: CloudState
+) -> None:
+    """`launch`, `cancel`, `reject`, `accept` and `baseline reset` with --json: standard output
+    parses as one JSON document that says what was done."""
+    published = _published(web, services, cloud)
+    launched = _json_of("launch", "products", "--window", "2026-12-03")
+    assert (launched["run_id"], launched["state"], launched["created_job"]) == (
+        "products-2026-12-03",
+        "created",
+        True,
+    )
+    cancelled = _json_of("cancel", "products-2026-12-03", "--reason", "the site is down")
+    assert (cancelled["action"], cancelled["state"], cancelled["decided_by"]) == (
+        "cancel",
+        "cancelled",
+        "operator",
+    )
+    rejected = _json_of("reject", published, "--reason", "wrong currency")
+    assert (rejected["state"], rejected["reason"], rejected["changed"]) == (
+        "rejected",
+        "wrong currency",
+        True,
+    )
+    accepted = _json_of("accept", published, "--reason", "the currency was right")
+    assert (accepted["action"], accepted["state"]) == ("accept", "published")
+    reset = _json_of("baseline", "reset", "products", "--reason", "the new normal")
+    assert (reset["action"], reset["dataset"], reset["changed"]) == (
+        "baseline_reset",
+        "products",
+        True,
+    )

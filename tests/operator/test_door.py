@@ -142,6 +142,66 @@ def test_db_downgrade_below_head_needs_yes_and_says_what_it_drops(
 
 
 @pytest.fixture
+def scratch_postgres() -> Iterator[str]:
+    """A PostgreSQL database of this test's own beside the session's, migrated to head and
+    dropped afterwards (a downgrade to base must not take the session's schema with it)."""
+    from sqlalchemy import make_url, text
+
+    from tests.conftest import BASE_DATABASE_URL, _session_database_name
+
+    name = f"{_session_database_name()}_downgrade"
+    admin = db.make_engine(BASE_DATABASE_URL, isolation_level="AUTOCOMMIT")
+
+    def recreate(*, create: bool) -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+            if create:
+                conn.execute(text(f"CREATE DATABASE {name}"))
+
+    try:
+        recreate(create=True)
+        url = make_url(BASE_DATABASE_URL).set(database=name)
+        yield url.render_as_string(hide_password=False)
+        recreate(create=False)
+    finally:
+        admin.dispose()
+
+
+@pytest.mark.postgres
+def test_db_downgrade_base_on_postgresql_names_and_drops_the_datasets_schema(
+    tmp_path: Path, scratch_postgres: str, services: Services
+) -> None:
+    """On PostgreSQL, `db downgrade base` without --yes names the datasets.* tables it would
+    drop and drops nothing; with --yes no table is left, and the datasets schema is gone too."""
+    from sync.datasets.schema import ensure_tables
+
+    db.upgrade(scratch_postgres)
+    engine = db.make_engine(scratch_postgres)
+    try:
+        ensure_tables(db.UnitOfWork(engine), services.datasets.get("products"), "datasets")
+        with engine.connect() as conn:
+            made = dataset_tables(conn)
+        assert "datasets.products" in made
+        env = _bare_env(tmp_path, DATABASE_URL=scratch_postgres)
+        refused = _scrapesync(["db", "downgrade", "base"], env, tmp_path)
+        assert refused.returncode != 0
+        assert "--yes" in refused.stderr
+        assert "datasets.products" in refused.stderr
+        assert "sync_tasks" in refused.stderr
+        with engine.connect() as conn:
+            assert dataset_tables(conn) == made
+        assert "sync_tasks" in inspect(engine).get_table_names()
+        done = _scrapesync(["db", "downgrade", "base", "--yes"], env, tmp_path)
+        assert done.returncode == 0, done.stderr
+        engine.dispose()
+        left = inspect(engine)
+        assert [t for t in left.get_table_names() if t != "alembic_version"] == []
+        assert "datasets" not in left.get_schema_names()
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
 def intake_log() -> Iterator[list[str]]:
     """The web process's intake log lines, as the JSON the deployment writes."""
     lines: list[str] = []
