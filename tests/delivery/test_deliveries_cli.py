@@ -113,8 +113,9 @@ def test_replay_by_event_id_sends_a_dead_delivery_again_with_its_id(
     code, output = cli("deliveries", "list", "--state", "dead", "--json")
     (row,) = json.loads(output)["deliveries"]
     assert (row["event_id"], row["state"], row["last_status"]) == (events[0], "dead", 422)
-    code, output = cli("deliveries", "replay", events[0])
+    code, output = cli("deliveries", "replay", events[0], "--json")
     assert code == 0, output
+    assert json.loads(output) == {"deliveries": 1, "events": [events[0]], "disabled": []}
     settle(services)
     assert [r.event_id for r in receiver.requests] == [*events, events[0]]
     assert deliveries(services)[0].state == "delivered"

@@ -3,6 +3,7 @@ once it is back, while only its oldest delivery spends attempts; a 410 disables 
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -160,6 +161,9 @@ def test_a_410_disables_the_destination_and_holds_its_other_deliveries(
     enabled = CliRunner().invoke(main, ["deliveries", "enable", HOOK_URL])
     assert enabled.exit_code == 0, enabled.output
     assert "2 deliveries waiting" in enabled.output
+    again = CliRunner().invoke(main, ["deliveries", "enable", HOOK_URL, "--json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.stdout) == {"destination": HOOK_URL, "enabled": True, "waiting": 2}
     assert relay.relay(services).delivered == 2
     assert [r.event_id for r in receiver.requests[1:]] == events[1:]
 

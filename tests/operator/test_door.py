@@ -6,6 +6,7 @@ database by accident, a downgrade says what it drops, wrong tokens are logged an
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import socket
@@ -116,7 +117,8 @@ def test_db_downgrade_below_head_needs_yes_and_says_what_it_drops(
     tmp_path: Path, database_url: str, services: Services
 ) -> None:
     """`db downgrade base` without --yes drops nothing and lists the tables it would drop,
-    the datasets' tables included; with --yes the schema is empty, datasets.* gone too."""
+    the datasets' tables included; with --yes the schema is empty, datasets.* gone too. With
+    --json, it and `db upgrade` print one JSON document of what they did."""
     from sync.datasets.schema import ensure_tables
 
     own = f"sqlite:///{tmp_path / 'own.db'}"
@@ -134,11 +136,19 @@ def test_db_downgrade_below_head_needs_yes_and_says_what_it_drops(
     assert "datasets_products" in refused.stderr
     assert "0001" in refused.stderr
     assert "sync_tasks" in inspect(engine).get_table_names()
-    done = _scrapesync(["db", "downgrade", "base", "--yes"], env, tmp_path)
+    done = _scrapesync(["db", "downgrade", "base", "--yes", "--json"], env, tmp_path)
     assert done.returncode == 0, done.stderr
+    dropped = json.loads(done.stdout)  # with --json, standard output is the one document
+    assert dropped["revision"] == "base"
+    assert {"runs", "observations", "sync_tasks"} <= set(dropped["tables"])
+    assert "datasets_products" in dropped["dataset_objects"]
     engine.dispose()
     left = inspect(db.make_engine(own)).get_table_names()
     assert [t for t in left if t != "alembic_version"] == []
+    again = _scrapesync(["db", "upgrade", "--json"], env, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["revision"] == "head"
+    assert "sync_tasks" in inspect(db.make_engine(own)).get_table_names()
 
 
 @pytest.fixture
