@@ -15,10 +15,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-import httpx
 from sqlalchemy import and_, delete, func, or_, select, update
 
-from sync import logs, retry
+from sync import http, logs, retry
 from sync.alerts import channels
 from sync.bootstrap import Services
 from sync.models import Alert
@@ -71,9 +70,7 @@ def send_due(services: Services, *, timeout: float = TIMEOUT, limit: int = 100) 
     counts = {DeliveryState.DELIVERED: 0, DeliveryState.FAILED: 0, DeliveryState.DEAD: 0}
     claimed = 0
     by_key = {channel.key: channel for channel in services.datasets.alerts}
-    with httpx.Client(
-        timeout=timeout, follow_redirects=False, headers={"user-agent": channels.USER_AGENT}
-    ) as client:
+    with http.client(timeout=timeout, user_agent=channels.USER_AGENT) as client:
         for alert_id in due:
             claim = _claim(services, alert_id, lease_seconds=timeout * 3 + LEASE_MARGIN)
             if claim is None:

@@ -9,9 +9,7 @@ logger scrubs any line.
 
 from __future__ import annotations
 
-import functools
 import itertools
-import ssl
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -20,7 +18,7 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from sync import secrecy
+from sync import http, secrecy
 from sync.cloud.budget import ApiBudget
 from sync.cloud.calls import CloudCalls
 from sync.cloud.download import (
@@ -70,13 +68,6 @@ def _known_runs(run: list[int], end: int) -> Iterator[tuple[int, KnownLines]]:
     del run[:whole]
 
 
-@functools.cache
-def _tls() -> ssl.SSLContext:
-    """The TLS settings every client in this process shares: the certificate authorities are
-    loaded once, not again by each client (which a sync of a small job would pay each time)."""
-    return httpx.create_ssl_context()
-
-
 class CloudClient:
     """Web Scraper Cloud API over one httpx.Client: typed errors, retries, a shared API budget."""
 
@@ -107,7 +98,7 @@ class CloudClient:
         self._http = httpx.Client(
             base_url=base_url,
             transport=TokenTransport(
-                transport if transport is not None else httpx.HTTPTransport(verify=_tls()),
+                http.transport(transport),
                 self._secret,
             ),
             timeout=httpx.Timeout(timeout),

@@ -16,12 +16,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from config.datasets import Destination
-from sync import logs
+from sync import http, logs
 from sync.bootstrap import Services
 from sync.datasets import export
 from sync.db import insert
@@ -365,11 +364,8 @@ def ping(services: Services, name: str, *, timeout: float = relay.TIMEOUT) -> Pi
         except OSError as exc:
             return Ping(destination.label, event_id, None, f"{type(exc).__name__}: {exc}")
         return Ping(destination.label, event_id, None, f"written to {path}")
-    with httpx.Client(
-        transport=services.delivery_transport,
-        timeout=timeout,
-        follow_redirects=False,
-        headers={"user-agent": relay.USER_AGENT},
+    with http.client(
+        timeout=timeout, user_agent=relay.USER_AGENT, given=services.delivery_transport
     ) as client:
         outcome = destinations.post(
             services,

@@ -30,7 +30,7 @@ import httpx
 from sqlalchemy import and_, exists, func, or_, select, update
 from sqlalchemy.orm import Session
 
-from sync import logs
+from sync import http, logs
 from sync.bootstrap import Services
 from sync.db import insert
 from sync.delivery import destinations
@@ -110,12 +110,7 @@ def relay(
     counts = {"delivered": 0, "failed": 0, "dead": 0}
     claimed = 0
     only: set[str] | None = None
-    with httpx.Client(
-        transport=transport,
-        timeout=timeout,
-        follow_redirects=False,
-        headers={"user-agent": USER_AGENT},
-    ) as client:
+    with http.client(timeout=timeout, user_agent=USER_AGENT, given=transport) as client:
         while claimed < limit:
             due = _due_ids(services, event_id=event_id, only=only, limit=limit - claimed)
             moved: set[str] = set()
