@@ -235,14 +235,17 @@ def change_counts(recorded: dict[str, Any] | None) -> dict[str, Any] | None:
     }
 
 
+def _last_of_each(session: Session, query: Any, column: Any, dataset: str | None) -> dict[str, Any]:
+    """The last row of ``query`` (in its order) for each dataset, or for ``dataset`` only."""
+    if dataset is not None:
+        query = query.where(column == dataset)
+    return {row.dataset: row for row in session.execute(query).scalars()}
+
+
 def _publications(session: Session, dataset: str | None = None) -> list[dict[str, Any]]:
     """Each dataset's (or ``dataset``'s) last publication and what it changed for readers."""
-    last: dict[str, Publication] = {}
     query = select(Publication).order_by(Publication.id)
-    if dataset is not None:
-        query = query.where(Publication.dataset == dataset)
-    for publication in session.execute(query).scalars():
-        last[publication.dataset] = publication
+    last: dict[str, Publication] = _last_of_each(session, query, Publication.dataset, dataset)
     return [
         {
             "dataset": name,
@@ -257,16 +260,14 @@ def _publications(session: Session, dataset: str | None = None) -> list[dict[str
 
 def _baseline_resets(session: Session, dataset: str | None = None) -> list[dict[str, Any]]:
     """Each dataset's (or ``dataset``'s) last baseline reset: who, when and why."""
-    last: dict[str, OperatorDecision] = {}
     query = (
         select(OperatorDecision)
         .where(OperatorDecision.action == Decision.BASELINE_RESET)
         .order_by(OperatorDecision.decided_at, OperatorDecision.id)
     )
-    if dataset is not None:
-        query = query.where(OperatorDecision.dataset == dataset)
-    for decision in session.execute(query).scalars():
-        last[decision.dataset] = decision
+    last: dict[str, OperatorDecision] = _last_of_each(
+        session, query, OperatorDecision.dataset, dataset
+    )
     return [
         {
             "dataset": name,

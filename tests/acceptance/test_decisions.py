@@ -64,8 +64,7 @@ def events_of(services: Services, run_id: str) -> list[str]:
 
 @pytest.fixture
 def shrunk(web: Flask, services: Services, cloud: CloudState) -> tuple[Services, list[str], str]:
-    """Two accepted runs of 400 records, then one of 240 rejected for a 40% record_drop
-    against the last accepted run, with its figures."""
+    """Two accepted runs of 400 records, then one of 240 rejected for a 40% record_drop."""
     services = use_datasets(services, history_datasets())
     accepted = [
         collect(web, services, cloud, product_records(400)),
@@ -74,15 +73,7 @@ def shrunk(web: Flask, services: Services, cloud: CloudState) -> tuple[Services,
     run_id = collect(web, services, cloud, product_records(240, start=800))
     found = verdict(services, run_id)
     assert found.state == "rejected"
-    (reason,) = found.reasons
-    assert (reason["code"], reason["got"], reason["baseline"], reason["expected"]) == (
-        "record_drop",
-        240,
-        400,
-        300,
-    )
-    assert reason["detail"] == {"drop_percent": 40.0, "max_drop_percent": 25, "baseline_runs": 1}
-    assert "(the last accepted run)" in reason["message"]
+    assert [r["code"] for r in found.reasons] == ["record_drop"]  # its figures: test_history
     return services, accepted, run_id
 
 
