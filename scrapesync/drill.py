@@ -69,6 +69,7 @@ class Options:
     kinds: tuple[str, ...] = tuple(faults.FAULTS)
     repeat_share: float = 0.25  # jobs whose notification Cloud sends again, 1-5 more times
     lost_share: float = 0.1  # jobs whose notification never leaves Cloud
+    jobs: int | None = None  # no more jobs after this many (the faults go on)
     sweep: float = 10.0
     lease: float = 30.0
     reconcile: float = 60.0
@@ -87,6 +88,13 @@ class Report:
     restarts: dict[str, int] = field(default_factory=dict)
     settled_after: float | None = None
     end: endstate.EndState = field(default_factory=endstate.EndState)
+    # from the workers' logs: per run, the evaluations that judged it and its committed syncs
+    judged: Counter[str] = field(default_factory=Counter)
+    committed: Counter[str] = field(default_factory=Counter)
+
+    def extra_evaluations(self) -> int:
+        """Evaluations beyond one per committed sync of their run."""
+        return sum(max(0, n - self.committed[run]) for run, n in self.judged.items())
 
     def lines(self) -> list[str]:
         """The report as a user reads it."""
@@ -103,6 +111,9 @@ class Report:
             f"restarts: {restarted}",
             f"end state after the last fault: {settled}",
             f"found: {counts}",
+            f"evaluations that judged a run: {sum(self.judged.values())} for "
+            f"{sum(self.committed.values())} committed syncs; beyond one per sync: "
+            f"{self.extra_evaluations()}",
             *(f"MISS: {miss}" for miss in self.end.misses),
             f"result: {verdict}",
         ]
@@ -118,6 +129,9 @@ class Report:
             "notifications_lost": self.notifications_lost,
             "faults": dict(self.faults),
             "restarts": self.restarts,
+            "evaluations": sum(self.judged.values()),
+            "committed_syncs": sum(self.committed.values()),
+            "evaluations_beyond_one_per_sync": self.extra_evaluations(),
             "settled_after": self.settled_after,
             "counts": self.end.counts,
             "misses": self.end.misses,
@@ -181,6 +195,7 @@ class Drill:
             self.say("faults stopped; waiting for the end state")
             self._settle(ground)
             self.report.restarts = dict(ground.supervisor.restarts)
+            self.report.judged, self.report.committed = _work_logged(self.folder)
             return self.report
         finally:
             for step in reversed(self._cleanup):
@@ -231,6 +246,8 @@ class Drill:
 
     def _make_jobs(self, ground: faults.Ground) -> None:
         while not self._stop.is_set():
+            if self.options.jobs is not None and len(self.report.jobs) >= self.options.jobs:
+                return
             self._finish_job(ground)
             if self._stop.wait(self.rng.uniform(*self.options.jobs_every)):
                 return
@@ -287,6 +304,30 @@ class Drill:
             time.sleep(1.0)
 
 
+NOT_A_JUDGEMENT = {"unchanged", "busy", "waiting", "unconfigured"}
+
+
+def _work_logged(folder: Path) -> tuple[Counter[str], Counter[str]]:
+    """From every worker log of the deployment: per run, the evaluations that judged it (wrote
+    a verdict) and its committed syncs."""
+    judged: Counter[str] = Counter()
+    committed: Counter[str] = Counter()
+    for path in sorted(folder.glob("worker-*.log")):
+        for line in path.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue
+            try:
+                entry = json.loads(line)
+            except ValueError:  # a line cut by a kill
+                continue
+            event, run = entry.get("event"), entry.get("run_id")
+            if event == "run.evaluated" and entry.get("outcome") not in NOT_A_JUDGEMENT:
+                judged[run] += 1
+            elif event == "attempt.committed":
+                committed[run] += 1
+    return judged, committed
+
+
 def _span(text: str) -> tuple[float, float]:
     low, _, high = text.partition("-")
     return float(low), float(high or low)
@@ -303,6 +344,13 @@ def _span(text: str) -> tuple[float, float]:
 @click.option("--sweep", type=float, default=10.0, show_default=True, help="Sweep interval (s).")
 @click.option("--lease", type=float, default=30.0, show_default=True, help="Lease (s).")
 @click.option("--reconcile", type=float, default=60.0, show_default=True, help="Reconcile (s).")
+@click.option("--jobs", type=int, default=None, help="Stop making jobs after this many.")
+@click.option(
+    "--lost-share", type=float, default=0.1, show_default=True, help="Notifications never sent."
+)
+@click.option(
+    "--repeat-share", type=float, default=0.25, show_default=True, help="Jobs notified again."
+)
 @click.option("--folder", type=click.Path(path_type=Path), default=None, help="Where to work.")
 @click.option("--keep", is_flag=True, help="Keep the folder (it is kept anyway on a miss).")
 @click.option("--report", "report_path", type=click.Path(path_type=Path), default=None)
@@ -323,6 +371,9 @@ def main(**given: Any) -> None:
         sweep=given["sweep"],
         lease=given["lease"],
         reconcile=given["reconcile"],
+        jobs=given["jobs"],
+        lost_share=given["lost_share"],
+        repeat_share=given["repeat_share"],
     )
     folder = given["folder"] or Path(tempfile.mkdtemp(prefix="scrapesync-drill-"))
     folder.mkdir(parents=True, exist_ok=True)

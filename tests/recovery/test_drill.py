@@ -23,7 +23,8 @@ def test_the_drill_runs_the_procfile_under_faults_and_finds_the_exact_end_state(
     """Twenty-four seconds of faults every 2-4 s on small jobs every 1.5-3 s, with short maintenance
     intervals (sweep 4 s, lease 12 s, reconcile 15 s): the drill exits 0, and its report counts
     every job's task committed, one observation per record, no key twice, every run decided
-    and every outbox event received, within the two-minute deadline."""
+    and every outbox event received, within the two-minute deadline, and no run judged more
+    than once per committed sync beyond one evaluation per fault."""
     report = tmp_path / "report.json"
     result = subprocess.run(
         [
@@ -50,4 +51,8 @@ def test_the_drill_runs_the_procfile_under_faults_and_finds_the_exact_end_state(
     assert counts["runs_accepted"] + counts["runs_rejected"] == jobs
     assert counts["events_received"] == counts["events"] > 0
     assert found["settled_after"] <= 120
+    # the workers' logs: every run judged, and never judged again without a new sync or a fault
+    assert found["committed_syncs"] >= jobs
+    assert found["evaluations"] >= jobs
+    assert found["evaluations_beyond_one_per_sync"] <= sum(found["faults"].values())
     assert "result: OK" in result.stdout
