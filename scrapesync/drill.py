@@ -33,6 +33,7 @@ from scrapesync.processes import DeadlineError, Deployment, Supervisor
 from scrapesync.receiver import Receiver
 from scrapesync.servers import PrivatePostgres, PrivateRedis, ServerError
 from simulator import CloudState, serve
+from sync.states import EvaluationOutcome
 
 DATASET = "drill"
 TOKEN = "drill-cloud-token"  # noqa: S105 - the simulator's token, valid nowhere else
@@ -304,7 +305,12 @@ class Drill:
             time.sleep(1.0)
 
 
-NOT_A_JUDGEMENT = {"unchanged", "busy", "waiting", "unconfigured"}
+NOT_A_JUDGEMENT = {  # outcomes of an evaluation that wrote no verdict
+    EvaluationOutcome.UNCHANGED,
+    EvaluationOutcome.BUSY,
+    EvaluationOutcome.WAITING,
+    EvaluationOutcome.UNCONFIGURED,
+}
 
 
 def _work_logged(folder: Path) -> tuple[Counter[str], Counter[str]]:

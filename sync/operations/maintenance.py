@@ -41,7 +41,6 @@ from sync.ingest import sweeper
 from sync.operations import heartbeat, retention
 from sync.operations import reconcile as reconciliation
 from sync.runs import due
-from sync.states import PassKind
 
 log = logs.get("maintenance")
 
@@ -49,7 +48,6 @@ LOCK_KEY = "scrapesync:maintenance-lock"
 TICKS_PER_INTERVAL = 5
 LOCK_SHARE = 0.8
 _PASS_LOCK_SPACE = 0x5C5F  # the advisory lock's first key: a maintenance pass under way
-MAINTENANCE = PassKind.MAINTENANCE
 
 _in_pass = threading.RLock()  # held for a whole pass; a fork waits for it
 
@@ -156,7 +154,8 @@ def _only_pass(services: Services) -> Iterator[bool]:
     database cannot be asked, so that the pass's steps meet it and say so."""
     with ExitStack() as stack:
         try:
-            alone = stack.enter_context(db.alone(services.uow, _PASS_LOCK_SPACE, MAINTENANCE))
+            lock = db.alone(services.uow, _PASS_LOCK_SPACE, heartbeat.MAINTENANCE)
+            alone = stack.enter_context(lock)
         except Exception:
             alone = True
         yield alone
