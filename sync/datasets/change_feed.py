@@ -17,6 +17,7 @@ inline (``inline: true``, :meth:`ChangeSet.as_dict`'s lists) while there are at 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -169,6 +170,20 @@ class Feed:
             self.kept.extend(changes.entries)
             if len(self.kept) > self.dataset.max_changes_per_event:
                 self.kept = None  # a summary, then: the entries stay in X_changes only
+
+    def add_written(
+        self, added: int, changed: int, entries: Callable[[], Sequence[EntityChange]]
+    ) -> None:
+        """Take what set-based statements wrote to ``X_changes``: count it, and keep its
+        entries (``entries`` reads them) while they fit inline."""
+        self.counts[ADDED] += added
+        self.counts[CHANGED] += changed
+        if self.kept is None or self.baseline:
+            return
+        if len(self.kept) + added + changed > self.dataset.max_changes_per_event:
+            self.kept = None
+            return
+        self.kept.extend(entries())
 
     def change_set(self) -> ChangeSet:
         """The whole change set: its counts, and its entries in order while they fit inline."""

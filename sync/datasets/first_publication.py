@@ -13,10 +13,11 @@ Python, whose casts keep the failures.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, text
+from sqlalchemy import CursorResult, Table, text
 from sqlalchemy.orm import Session
 
 from config.columns import Column
@@ -73,18 +74,21 @@ def _plain(column: Column, t: str, s: str) -> tuple[str, str]:
     return absent, "NULL"
 
 
-def copy_plain_rows(
-    session: Session, tables: DatasetTables, *, run_id: str, window: str, start: datetime
-) -> int:
-    """Write to the (empty) table every valid observation of the run whose values are all
-    plain; returns how many rows were written."""
-    quote = session.get_bind().dialect.identifier_preparer.quote
-    params: dict[str, Any] = {
-        "run_id": run_id,
-        "window": window,
-        "start": start,
-        "valid": ValidationState.VALID.value,
-    }
+@dataclass(frozen=True)
+class PlainCasts:
+    """The SQL that reads a table's columns from ``o.payload``: ``extracted`` takes each
+    field's JSON type and text once (select it in a ``LATERAL`` named ``e``), ``conditions`` say
+    that each value is plain and ``values`` cast it; ``params`` bind the fields' names."""
+
+    params: dict[str, Any]
+    extracted: str
+    conditions: tuple[str, ...]
+    values: tuple[str, ...]
+
+
+def plain_casts(tables: DatasetTables) -> PlainCasts:
+    """The plain-value casts of the dataset's columns (see the module)."""
+    params: dict[str, Any] = {}
     conditions: list[str] = []
     values: list[str] = []
     extracted: list[str] = []
@@ -94,24 +98,43 @@ def copy_plain_rows(
         condition, value = _plain(column, f"e.t{i}", f"e.s{i}")
         conditions.append(condition)
         values.append(value)
-    target = (
-        f"{quote(tables.schema)}.{quote(tables.current.name)}"
-        if tables.schema
-        else (quote(tables.current.name))
-    )
+    return PlainCasts(params, ", ".join(extracted), tuple(conditions), tuple(values))
+
+
+def target_name(session: Session, table: Table) -> str:
+    """A table's name as SQL text, quoted (schema-qualified when it has one)."""
+    quote = session.get_bind().dialect.identifier_preparer.quote
+    return f"{quote(table.schema)}.{quote(table.name)}" if table.schema else quote(table.name)
+
+
+def copy_plain_rows(
+    session: Session, tables: DatasetTables, *, run_id: str, window: str, start: datetime
+) -> int:
+    """Write to the (empty) table every valid observation of the run whose values are all
+    plain; returns how many rows were written."""
+    quote = session.get_bind().dialect.identifier_preparer.quote
+    casts = plain_casts(tables)
+    params: dict[str, Any] = {
+        **casts.params,
+        "run_id": run_id,
+        "window": window,
+        "start": start,
+        "valid": ValidationState.VALID.value,
+    }
     names = ", ".join(quote(c.name) for c in tables.columns)
     statement = (
-        f"INSERT INTO {target} (entity_key, {names}, partition, run_id, collection_window, "  # noqa: S608 - names are quoted identifiers
-        "first_seen_at, last_changed_at, cast_failures, payload_hash, changed_by_run_id) "
-        f"SELECT o.entity_key, {', '.join(values)}, o.partition, CAST(:run_id AS text), "
+        f"INSERT INTO {target_name(session, tables.current)} (entity_key, {names}, partition, "  # noqa: S608 - names are quoted identifiers
+        "run_id, collection_window, first_seen_at, last_changed_at, cast_failures, payload_hash, "
+        "changed_by_run_id) "
+        f"SELECT o.entity_key, {', '.join(casts.values)}, o.partition, CAST(:run_id AS text), "
         "CAST(:window AS text), CAST(:start AS timestamptz), "
         "CAST(:start AS timestamptz), NULL, o.payload_hash, CAST(:run_id AS text) "
         f"FROM {Observation.__tablename__} o "
         # each value's type and text are taken from the payload once (OFFSET 0 keeps the
         # planner from inlining them into every condition that reads them)
-        f"CROSS JOIN LATERAL (SELECT {', '.join(extracted)} OFFSET 0) AS e "
+        f"CROSS JOIN LATERAL (SELECT {casts.extracted} OFFSET 0) AS e "
         "WHERE o.run_id = :run_id AND o.validation_state = :valid"
-        + "".join(f" AND {c}" for c in conditions)
+        + "".join(f" AND {c}" for c in casts.conditions)
         # in key order, so the table's primary key grows at its right edge instead of
         # splitting pages all over it: an export comes in crawl order
         + " ORDER BY o.entity_key"
