@@ -28,7 +28,7 @@ log = logs.get("staging")
 _EARLY = (
     "WITH k AS (SELECT (e->>0)::integer AS ord, e->>1 AS observation_key, "  # noqa: S608 - constant SQL
     "e->>2 AS entity_key, e->>3 AS partition, e->>4 AS start_url, e->5 AS payload, "
-    "e->>6 AS payload_hash, decode(e->>7, 'hex') AS line_digest "
+    "e->>6 AS payload_hash, decode(e->>7, 'hex') AS line_digest, e->>8 AS shape "
     "FROM jsonb_array_elements(convert_from(%(batch)b, 'UTF8')::jsonb) AS e), "
     "s AS MATERIALIZED (SELECT k.*, o.id AS stored_id, o.payload_hash AS stored_hash, "
     "o.line_digest AS stored_digest FROM k LEFT JOIN observations o "
@@ -38,14 +38,14 @@ _EARLY = (
     "payload_hash = s.payload_hash, line_digest = s.line_digest, partition = s.partition, "
     "start_url = s.start_url, entity_key = s.entity_key, source_job_id = %(job_id)s, "
     "source_attempt_id = %(attempt_id)s, "
-    f"validation_state = '{ValidationState.PENDING}', shape = NULL, "
+    f"validation_state = '{ValidationState.PENDING}', shape = s.shape, "
     "last_changed_at = %(now)s FROM s "
     "WHERE o.id = s.stored_id AND s.stored_hash <> s.payload_hash "
     "AND o.payload_hash <> s.payload_hash RETURNING 1), "
-    f"new AS (INSERT INTO observations ({WRITTEN_COLUMNS}) "
+    f"new AS (INSERT INTO observations ({WRITTEN_COLUMNS}, shape) "
     "SELECT s.observation_key, %(dataset)s, s.entity_key, %(run_id)s, %(window)s, s.partition, "
     "s.start_url, s.payload, s.payload_hash, s.line_digest, %(job_id)s, "
-    f"%(attempt_id)s, '{ValidationState.PENDING}', %(now)s, %(now)s FROM s "
+    f"%(attempt_id)s, '{ValidationState.PENDING}', %(now)s, %(now)s, s.shape FROM s "
     "WHERE s.stored_id IS NULL RETURNING 1) "
     "SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM new), "
     "ARRAY(SELECT stored_digest FROM s WHERE stored_digest IS NOT NULL)"
@@ -89,9 +89,11 @@ class EarlyMerge:
         self.failed: str | None = None  # why the server refused a statement
         self.inserted = self.updated = 0
 
-    def send(self, rows: list[tuple[Any, ...]], payloads: list[str]) -> None:
-        """Merge one batch of parsed records (key rows as staged, in KEY_COLUMNS' order, and
-        their payloads), and spool its key rows."""
+    def send(
+        self, rows: list[tuple[Any, ...]], payloads: list[str], shapes: list[str | None]
+    ) -> None:
+        """Merge one batch of parsed records (key rows as staged, in KEY_COLUMNS' order, their
+        payloads and their records' shapes), and spool its key rows."""
         keyed = [
             (o, k, e, p, u, h, d.hex() if d is not None else None) for o, k, e, p, u, h, d in rows
         ]
@@ -102,8 +104,10 @@ class EarlyMerge:
         # value by value, and PostgreSQL parses each payload once)
         batch = orjson.dumps(
             [
-                (o, k, e, p, u, Fragment(payload), h, d)
-                for (o, k, e, p, u, h, d), payload in zip(keyed, payloads, strict=True)
+                (o, k, e, p, u, Fragment(payload), h, d, shape)
+                for (o, k, e, p, u, h, d), payload, shape in zip(
+                    keyed, payloads, shapes, strict=True
+                )
             ]
         )
         cursor = self._raw.cursor()

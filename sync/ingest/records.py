@@ -185,8 +185,9 @@ def stage_export(
     read = missing = protected = 0
     add, known = stager.add, stager.known
     quarter = max_record_bytes // 4
-    # Records copied straight in are stored with their shape under the dataset's record rules
-    # (sync.runs.shapes): the evaluation then counts them instead of reading them back. The
+    # Records copied straight in, or merged while the export downloads, are stored with their
+    # shape under the dataset's record rules (sync.runs.shapes): the evaluation then counts
+    # them instead of reading them back. The
     # scratch tally's counts are not kept; the evaluation makes its own.
     rules = RecordRules.of(identify.dataset) if stager.takes_shapes else None
     prefix = rules.fingerprint + "|" if rules is not None else ""

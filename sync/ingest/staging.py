@@ -126,6 +126,7 @@ class ObservationStager:
             self._direct = DirectCopy(self.conn, source)
         self._early: EarlyMerge | None = None
         self._payloads: list[str] = []  # the payloads of the batch, when merged early
+        self._shapes: list[str | None] = []  # and their records' shapes
         self._merge_batch = merge_batch or early_merge.MERGE_BATCH
         # the stored digests of parsed records' keys that known lines may name, by index
         self._named = array("i")
@@ -149,15 +150,17 @@ class ObservationStager:
 
     @property
     def takes_shapes(self) -> bool:
-        """Whether records are copied straight in, where a record's shape, given to
-        :meth:`add`, is stored with it (see :mod:`sync.runs.shapes`)."""
-        return self._direct is not None
+        """Whether records are copied straight in or merged while the export downloads, where
+        a record's shape, given to :meth:`add`, is stored with it (see
+        :mod:`sync.runs.shapes`; a merge after the download forgets it)."""
+        return self._direct is not None or self._early is not None
 
     def add(
         self, staged: Identified, line_digest: bytes | None = None, shape: str | None = None
     ) -> None:
         """Stage one record: its values as :class:`RecordIdentity` gives them, the digest of
-        its line (see :mod:`sync.ingest.line_digests`) and, copied straight in, its shape."""
+        its line (see :mod:`sync.ingest.line_digests`) and, where :attr:`takes_shapes`, its
+        shape."""
         self.count += 1
         if self._direct is not None:
             self._direct.add(staged, line_digest, shape)
@@ -170,6 +173,7 @@ class ObservationStager:
             self._ends.append(self._spooled)
             if self._early is not None:
                 self._payloads.append(payload)
+                self._shapes.append(shape)
             self._batch.append(
                 (
                     self.count,
@@ -223,8 +227,8 @@ class ObservationStager:
         if not self._batch:
             return
         if self._early is not None:
-            self._early.send(self._batch, self._payloads)
-            self._batch, self._payloads = [], []
+            self._early.send(self._batch, self._payloads, self._shapes)
+            self._batch, self._payloads, self._shapes = [], [], []
             return
         if self.postgres:
             raw = self.conn.connection.driver_connection

@@ -1,18 +1,18 @@
 """A run's records tallied per partition, reading again only what no evaluation judged before.
 
 Every observation keeps the shape of its record as the last evaluation of its run judged it, or
-as the run's first sync found it when it copied the record straight in
-(:mod:`sync.ingest.records`): the fields it fills and those it leaves empty, in name order, under
-the fingerprint of the record rules it was judged by (``observations.shape``). A sync that
-rewrites the row forgets it. The database counts the
-run's rows per partition and shape in one statement; only the rows without a shape under the
-rules in force are read and tallied in Python. Records with a defect keep no shape: they are read
-every time, so that their samples are those of the run as it is.
+as the sync that wrote it found it when it copied the record straight in or merged it while the
+export downloaded (:mod:`sync.ingest.records`): the fields it fills and those it leaves empty, in
+name order, under the fingerprint of the record rules it was judged by (``observations.shape``).
+A sync that merges the row after the download forgets it. The database counts the run's rows per
+partition and shape in one statement; only the rows without a shape under the rules in force are
+read and tallied in Python. Records with a defect keep no shape: they are read every time, so
+that their samples are those of the run as it is.
 
 The shapes found are written with the verdict, in the statement that marks those rows valid or
 quarantined (:func:`apply`), so no row is written twice. A first evaluation reads the records
-with a defect (every record, where the first sync was merged rather than copied straight in);
-after a "Continue" that rewrote a tenth of them, the next one reads that tenth."""
+with a defect (every record, where the sync merged them after the download); after a
+"Continue" that rewrote a tenth of them, the next one reads those of that tenth with a defect."""
 
 from __future__ import annotations
 

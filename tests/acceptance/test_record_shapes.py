@@ -101,9 +101,10 @@ def test_a_later_evaluation_reads_only_the_changed_records_and_the_defective_one
 ) -> None:
     """The first evaluation reads the records the import did not shape: on PostgreSQL, whose
     first sync copies records straight in with their shapes, the 4 with a defect; on SQLite all
-    40. After a "Continue" that rewrote 5 records and added one, the next reads those 6 and the
-    3 unchanged ones with a defect (kept for their samples). Every tally is what reading the
-    whole run gives."""
+    40. After a "Continue" that rewrote 5 records and added one, the next reads the 3 unchanged
+    ones with a defect (kept for their samples) and, of the 6 written, those the sync could not
+    shape: on PostgreSQL, which merges them with their shapes, the new consent page; on SQLite
+    all 6. Every tally is what reading the whole run gives."""
     records = _records()
     job_id = finished_job(cloud, records)
     run_id = run_id_of(job_id)
@@ -130,8 +131,11 @@ def test_a_later_evaluation_reads_only_the_changed_records_and_the_defective_one
     _sync(services, job_id)
     read_back.clear()
     _evaluate(services, run_id)
-    rewritten = {changed[i]["sku"] for i in (UNPARSABLE, 5, 6, 7, 8, 40)}
     still_defective = {changed[i]["sku"] for i in (CONSENT, MISSING, SHELL)}
+    if services.uow.engine.dialect.name == "postgresql":  # merged with their shapes
+        rewritten = {changed[8]["sku"]}  # of the rewritten, only the new defect is read
+    else:
+        rewritten = {changed[i]["sku"] for i in (UNPARSABLE, 5, 6, 7, 8, 40)}
     assert sorted(r["sku"] for r in read_back) == sorted(rewritten | still_defective)
 
     with services.uow.begin() as session:

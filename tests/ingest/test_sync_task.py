@@ -357,9 +357,14 @@ def test_a_later_sync_cut_mid_stream_undoes_what_it_merged_and_the_retry_complet
     sent: list[int] = []
     real_send = early_merge.EarlyMerge.send
 
-    def counted(self: early_merge.EarlyMerge, rows: list[Any], payloads: list[str]) -> None:
+    def counted(
+        self: early_merge.EarlyMerge,
+        rows: list[Any],
+        payloads: list[str],
+        shapes: list[str | None],
+    ) -> None:
         sent.append(len(rows))
-        real_send(self, rows, payloads)
+        real_send(self, rows, payloads, shapes)
 
     monkeypatch.setattr(early_merge.EarlyMerge, "send", counted)
     # The whole export is smaller than what the sync reads ahead while the run's digests are
