@@ -46,7 +46,7 @@ from sync.db import planner_method_off
 from sync.models import Observation, Run
 from sync.states import ValidationState
 
-SEEN = "pub_seen"  # the ids of the run's observations that X lacks or holds otherwise
+SEEN = "pub_seen"  # the ids of the observations X lacks or holds otherwise (then: left to Python)
 ROWS = "pub_rows"  # of them, those written here: new and old values, dates, mode
 SEEN_IDS: TableClause = table(SEEN, column("id"))
 # the SQL type of each column type's values (a value that is not plain there is NULL)
@@ -222,6 +222,8 @@ def publish_plain(
         "CASE WHEN p.mode = 'keep' THEN p.x_by ELSE CAST(:run_id AS text) END "
         f"FROM {ROWS} p ORDER BY p.entity_key",
         _change_rows(session, tables),
+        # what is left to Python: the observations these statements did not write
+        f"DELETE FROM {SEEN} s USING {ROWS} p WHERE s.id = p.obs_id",
     ]
     for statement in statements:
         session.execute(text(statement), params)
@@ -267,7 +269,7 @@ def _make_rows(
             f"WHEN {same or 'true'} THEN 'keep' "
             "WHEN q.x_last >= CAST(:start AS timestamptz) THEN 'correct' ELSE 'close' END AS mode, "
             f"q.known AND ({differs or 'false'}) AS differs "
-            "FROM (SELECT o.entity_key, o.partition, o.payload_hash, "
+            "FROM (SELECT o.id AS obs_id, o.entity_key, o.partition, o.payload_hash, "
             + "".join(
                 f"CAST({v} AS {_SQL_TYPES[c.type]}) AS n{i}, "
                 for i, (c, v) in enumerate(zip(columns, casts.values, strict=True))

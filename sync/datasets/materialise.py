@@ -18,7 +18,10 @@ one UPDATE.
 Withdrawal: when a published run is rejected later, its publication is undone in the history (the
 stretches it opened are deleted, those it closed reopened) and ``X`` is brought to the run the
 pointer falls back to; with none to fall back on, ``X`` is emptied and every entity is reported
-removed.
+removed (:mod:`sync.datasets.withdrawal`).
+
+On PostgreSQL, the new and changed entities whose values are plain are written by set-based
+statements (:mod:`sync.datasets.changed_publication`) before the rest pass through Python.
 """
 
 from __future__ import annotations
@@ -288,33 +291,6 @@ def _compare(
     )
 
 
-def apply_withdrawal(
-    session: Session, dataset: Dataset, run: Run, *, schema: str, now: datetime
-) -> Materialised:
-    """Empty the dataset's table when its published ``run`` is withdrawn with no other run to
-    fall back on: the run's own stretches are undone and every other open one ends at its
-    window; every entity is reported removed."""
-    tables = dataset_schema.tables_in(session, dataset.name, schema)
-    names = [c.name for c in tables.columns]
-    current = tables.current
-    before = {
-        r["entity_key"]: {n: r[n] for n in names}
-        for r in session.execute(select(current)).mappings()
-    }
-    changes = compare(dataset.name, run.run_id, run.run_id, before, {}, {})
-    dataset_history.record(
-        session,
-        tables,
-        dict.fromkeys(before),
-        run_id=run.run_id,
-        start=dataset_history.window_start(run),
-        undo={run.run_id},
-    )
-    session.execute(current.delete())
-    events = change_feed.announce(session, tables, dataset, changes, revision=run.revision, now=now)
-    return Materialised(changes, tuple(events))
-
-
 def _copy_plain_first(session: Session, dataset: Dataset, tables: DatasetTables, run: Run) -> int:
     """On PostgreSQL, a dataset's first publication into empty tables (the caller checked them)
     has the database cast and copy the rows whose values are all plain
@@ -444,7 +420,12 @@ def _missing(
     session: Session, tables: DatasetTables, run_id: str
 ) -> Iterator[dict[str, tuple[str | None, Values]]]:
     """The rows of ``X`` whose entity has no valid observation in the run, in batches: entity
-    key -> (partition, values). Only rows already read are deleted while reading."""
+    key -> (partition, values). Only rows already read are deleted while reading. None when
+    ``X`` holds as many rows as the run valid observations: each of those has its row by now,
+    so two counts spare the anti-join of the whole run with the whole table."""
+    count = session.execute(select(func.count()).select_from(tables.current)).scalar_one()
+    if count == _valid_count(session, run_id):
+        return
     names = [c.name for c in tables.columns]
     with whole_set_joins(session):
         parts = _batches(session, missing_query(session, tables, run_id))

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
 from sync import outbox
-from sync.datasets import change_feed, materialise
+from sync.datasets import change_feed, materialise, withdrawal
 from sync.models import Observation, PartitionVerdict, Publication, Run
 from sync.states import EventType, PartitionState, RunState, ValidationState
 
@@ -161,7 +161,7 @@ def withdraw(
             .values(is_current=False, superseded_at=now)
             .execution_options(synchronize_session=False)
         )
-        emptied = materialise.apply_withdrawal(session, dataset, run, schema=schema, now=now)
+        emptied = withdrawal.apply_withdrawal(session, dataset, run, schema=schema, now=now)
         return [
             outbox.write_event(
                 session,
