@@ -276,7 +276,7 @@ def _make_rows(
             )
             + "x.entity_key IS NOT NULL AS known, "
             + "".join(f"x.{name} AS b{i}, " for i, name in enumerate(names))
-            + "x.partition AS x_partition, x.payload_hash AS x_hash, x.first_seen_at AS x_first, "
+            + "x.partition AS x_partition, x.payload_hash AS x_hash, "
             "x.last_changed_at AS x_last, x.changed_by_run_id AS x_by, "
             f"(SELECT min(c.valid_from) FROM {closed} c "
             "WHERE c.entity_key = o.entity_key) AS closed_from, "

@@ -28,7 +28,7 @@ from tests.datasets.flow import (
 )
 from tests.datasets.test_materialise import publish, withdraw
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.slow]  # thirty sequences, played twice
 
 COLUMNS = (
     Column("title", "title", "text"),
