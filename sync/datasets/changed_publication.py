@@ -81,10 +81,12 @@ def publish_changes(
     fresh: bool,
 ) -> bool:
     """Write the run's plain new and changed entities by set-based statements, into ``feed``
-    too, where they apply: on PostgreSQL, into a table with a history, for a dataset with no
-    ``watch`` tolerances, and not as a baseline (counted, never listed). True when they did:
-    the rest are then to be read from among those found (``pub_seen``)."""
-    if fresh or dataset.watch or feed.baseline or session.get_bind().dialect.name != "postgresql":
+    too, where they apply: on PostgreSQL, into a table with a history and columns, for a
+    dataset with no ``watch`` tolerances, and not as a baseline (counted, never listed). True
+    when they did: the rest are then to be read from among those found (``pub_seen``)."""
+    if fresh or dataset.watch or feed.baseline or not tables.columns:
+        return False
+    if session.get_bind().dialect.name != "postgresql":
         return False
     # no JIT compilation: it costs more than it saves on statements over one change set
     with planner_method_off(session, "jit"):

@@ -193,8 +193,9 @@ class Observation(Base):
     source_job_id: Mapped[int] = mapped_column(BigInteger)
     source_attempt_id: Mapped[str] = mapped_column(String(36))
     validation_state: Mapped[str] = mapped_column(String(20), default=ValidationState.PENDING)
-    # the record's shape as the last evaluation judged it, when it had no defect (its rules'
-    # fingerprint, then the fields it fills and leaves empty); a rewrite forgets it
+    # the record's shape as the last evaluation (or the sync that wrote it) found it, when it
+    # had no defect (its rules' fingerprint, then the fields it fills and leaves empty); a
+    # merge after the download forgets it
     shape: Mapped[str | None] = mapped_column(Text)
     first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
