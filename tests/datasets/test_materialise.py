@@ -41,6 +41,15 @@ def products(services: Services, **changes: object) -> Dataset:
     return replace(services.datasets.get("products"), window="daily", **changes)  # type: ignore[arg-type]
 
 
+@pytest.fixture(params=["through Python", "set-based"])
+def dataset(request: pytest.FixtureRequest, services: Services) -> Dataset:
+    """The typed products dataset, published both ways: with its watch list through Python, and
+    without one by set-based statements where the database is PostgreSQL
+    (:mod:`sync.datasets.changed_publication`)."""
+    found = products(services)
+    return found if request.param == "through Python" else replace(found, watch=())
+
+
 def records(n: int, *, price: str = "10.00", start: int = 0) -> dict[str, dict[str, str]]:
     """``n`` products of one retailer at one price."""
     return {
@@ -159,9 +168,9 @@ def stretches(services: Services, key: str) -> list[tuple[object, datetime, date
 
 def test_valid_from_and_valid_to_are_window_starts_and_an_entity_that_returns_opens_a_stretch(
     services: Services,
+    dataset: Dataset,
 ) -> None:
     """Gone on day 1, back on day 2: two stretches, from midnight UTC of their windows."""
-    dataset = products(services)
     publish(services, dataset, 0, records(3))
     publish(services, dataset, 1, records(2))
     publish(services, dataset, 2, records(3))
@@ -175,10 +184,11 @@ def test_valid_from_and_valid_to_are_window_starts_and_an_entity_that_returns_op
     assert_rows_are_open_stretches(services)
 
 
-def test_a_run_published_again_corrects_its_own_stretches_in_place(services: Services) -> None:
+def test_a_run_published_again_corrects_its_own_stretches_in_place(
+    services: Services, dataset: Dataset
+) -> None:
     """A second revision of one window rewrites what the first opened: no stretch of zero
     length, and a value set back to the earlier one reopens the earlier stretch."""
-    dataset = products(services)
     publish(services, dataset, 0, records(3))
     changed = records(3)
     changed["S00000"] = {**changed["S00000"], "price": "12.00"}
@@ -227,11 +237,11 @@ def closed_count(services: Services) -> int:
 
 def test_history_reads_the_same_through_a_republish_a_quarantine_and_a_withdrawal(
     services: Services,
+    dataset: Dataset,
 ) -> None:
     """Each stretch, with the runs that opened and closed it, is what the history says after
     every step; a first publication writes no stretch of its own (the rows are the open ones)
     and only closed stretches are ever written to ``X_closed``."""
-    dataset = products(services)
     d0, d1, d2 = (DAY + timedelta(days=n) for n in range(3))
     r2 = {"S00005": {"sku": "S00005", "title": "T5", "price": "10.00", "retailer": "r2"}}
     run0 = publish(services, dataset, 0, records(3), partitions={"r2": r2})
@@ -287,10 +297,10 @@ def test_history_reads_the_same_through_a_republish_a_quarantine_and_a_withdrawa
 
 def test_a_withdrawn_run_is_undone_in_history_and_the_table_falls_back(
     services: Services,
+    dataset: Dataset,
 ) -> None:
     """Day 1 is rejected after its publication: the table is day 0's again, day 1's stretches
     are gone and those it closed are open again; the fallback's changes are reported."""
-    dataset = products(services)
     publish(services, dataset, 0, records(3))
     after_day0 = history_rows(services)
     changed = records(2, price="11.00")
@@ -322,10 +332,10 @@ def test_a_withdrawn_run_is_undone_in_history_and_the_table_falls_back(
 
 def test_a_withdrawn_run_with_nothing_to_fall_back_on_empties_the_table(
     services: Services,
+    dataset: Dataset,
 ) -> None:
     """The only published run is rejected: no rows, and its stretches undone like any
     withdrawn run's (a rejected run's values never stay in datasets.*); all reported removed."""
-    dataset = products(services)
     day0 = publish(services, dataset, 0, records(3))
     withdraw(services, dataset, day0)
     assert current_rows(services) == {}
@@ -336,10 +346,10 @@ def test_a_withdrawn_run_with_nothing_to_fall_back_on_empties_the_table(
 
 def test_a_quarantined_partition_keeps_its_rows_and_a_passing_one_moves_on(
     services: Services,
+    dataset: Dataset,
 ) -> None:
     """Entities of a partition the run quarantined stay as the last accepted run left them,
     with its run id, and are not reported removed; those of a passing partition move on."""
-    dataset = products(services)
     day0 = publish(services, dataset, 0, records(2), partitions={"r2": records(2, start=5)})
     day1 = publish(
         services,
