@@ -40,7 +40,8 @@ from config.columns import Column
 from config.datasets import Dataset
 from sync.datasets.change_feed import Feed
 from sync.datasets.changes import ADDED, CHANGED, EntityChange, compare
-from sync.datasets.first_publication import PlainCasts, plain_casts, target_name
+from sync.datasets.first_publication import PlainCasts, plain_casts
+from sync.datasets.rows import target_name
 from sync.datasets.tables import DatasetTables
 from sync.db import planner_method_off
 from sync.models import Observation, Run

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, text
+from sqlalchemy import CursorResult, text
 from sqlalchemy.orm import Session
 
 from config.columns import Column
+from sync.datasets.rows import target_name
 from sync.datasets.tables import DatasetTables
 from sync.models import Observation
 from sync.states import ValidationState
@@ -99,12 +100,6 @@ def plain_casts(tables: DatasetTables) -> PlainCasts:
         conditions.append(condition)
         values.append(value)
     return PlainCasts(params, ", ".join(extracted), tuple(conditions), tuple(values))
-
-
-def target_name(session: Session, table: Table) -> str:
-    """A table's name as SQL text, quoted (schema-qualified when it has one)."""
-    quote = session.get_bind().dialect.identifier_preparer.quote
-    return f"{quote(table.schema)}.{quote(table.name)}" if table.schema else quote(table.name)
 
 
 def copy_plain_rows(

@@ -48,6 +48,12 @@ def _json_text(value: Any) -> str:
         return json.dumps(value)
 
 
+def target_name(session: Session, table: Table) -> str:
+    """A table's name as SQL text, quoted (schema-qualified when it has one)."""
+    quote = session.get_bind().dialect.identifier_preparer.quote
+    return f"{quote(table.schema)}.{quote(table.name)}" if table.schema else quote(table.name)
+
+
 def insert_rows(session: Session, table: Table, rows: Sequence[Mapping[str, Any]]) -> None:
     """Insert ``rows`` (column name -> value; every row names the same columns)."""
     if not rows:
@@ -68,8 +74,8 @@ def insert_rows(session: Session, table: Table, rows: Sequence[Mapping[str, Any]
     raw = connection.connection.driver_connection
     assert raw is not None
     quote = connection.dialect.identifier_preparer.quote
-    target = f"{quote(table.schema)}.{quote(table.name)}" if table.schema else quote(table.name)
     columns = ", ".join(quote(n) for n in names)
+    target = target_name(session, table)
     with raw.cursor() as cursor, cursor.copy(f"COPY {target} ({columns}) FROM STDIN") as copy:
         for row in rows:
             copy.write_row(

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
-from sqlalchemy import Table, Text, bindparam, cast, select, text, tuple_, update
+from sqlalchemy import Text, bindparam, cast, select, text, tuple_, update
 from sqlalchemy.orm import Session
 
 from config.columns import Column
@@ -35,7 +35,7 @@ from config.datasets import Dataset, Datasets
 from sync import casts
 from sync.datasets import schema as dataset_schema
 from sync.datasets.columns import registered_columns
-from sync.datasets.rows import chunks
+from sync.datasets.rows import chunks, target_name
 from sync.datasets.tables import (
     DatasetTables,
     comment_for,
@@ -138,11 +138,6 @@ def upgrade_dataset(uow: UnitOfWork, dataset: Dataset, schema: str) -> Reconcile
     )
 
 
-def _target(session: Session, table: Table) -> str:
-    quote = session.get_bind().dialect.identifier_preparer.quote
-    return f"{quote(table.schema)}.{quote(table.name)}" if table.schema else quote(table.name)
-
-
 def _alter(
     session: Session, tables: DatasetTables, *, add: Sequence[Column], drop: Sequence[str]
 ) -> None:
@@ -153,7 +148,7 @@ def _alter(
     if add or drop:  # the view names the columns it was made with: made again after
         dataset_schema.drop_history_view(session, tables)
     for table in (tables.current, tables.closed):
-        target = _target(session, table)
+        target = target_name(session, table)
         for name in drop:
             session.execute(text(f"ALTER TABLE {target} DROP COLUMN {quote(name)}"))
         for column in add:
@@ -173,7 +168,7 @@ def _drop_retired_indexes(session: Session, tables: DatasetTables) -> None:
 def _swap(session: Session, tables: DatasetTables, name: str) -> None:
     quote = session.get_bind().dialect.identifier_preparer.quote
     for table in (tables.current, tables.closed):
-        target = _target(session, table)
+        target = target_name(session, table)
         session.execute(text(f"ALTER TABLE {target} DROP COLUMN {quote(name)}"))
         session.execute(
             text(
@@ -187,7 +182,7 @@ def _comment(session: Session, tables: DatasetTables) -> None:
         return
     quote = session.get_bind().dialect.identifier_preparer.quote
     for table in (tables.current, tables.closed, tables.history):
-        target = _target(session, table)
+        target = target_name(session, table)
         for column in tables.columns:
             comment = comment_for(column).replace("'", "''")
             session.execute(text(f"COMMENT ON COLUMN {target}.{quote(column.name)} IS '{comment}'"))
