@@ -31,7 +31,10 @@ class BoundedUnsubscribe:
     """RQ's ``unsubscribe``, with the wait for its pubsub thread bounded. The thread waits up to
     a minute for a subscription once the channel is unsubscribed, and the client's ``stop()``
     waits for the thread without a limit: a worker told to stop in that minute outlived its
-    grace. The thread is a daemon and the connection is closed here, as RQ does."""
+    grace. So the thread is told to stop before the channel is left: reading the confirmation
+    then ends its loop (told after, a thread that read it first went on to wait, and the stop
+    took the whole second's join). The thread is a daemon and the connection is closed here,
+    as RQ does."""
 
     pubsub: Any
     pubsub_thread: Any
@@ -40,13 +43,15 @@ class BoundedUnsubscribe:
     log: Any
 
     def unsubscribe(self) -> None:
-        """Unsubscribe from the worker's channel, waiting at most a second for its thread."""
+        """Stop the pubsub thread and unsubscribe from the worker's channel, waiting at most a
+        second for the thread."""
         if self.pubsub_thread:
             self.log.info(
                 "Worker %s: unsubscribing from channel %s", self.name, self.pubsub_channel_name
             )
+            self.pubsub_thread.stop(timeout=0)
             self.pubsub.unsubscribe()
-            self.pubsub_thread.stop(timeout=1)
+            self.pubsub_thread.join(timeout=1)
             self.pubsub.close()
 
 

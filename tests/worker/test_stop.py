@@ -36,3 +36,32 @@ def test_unsubscribing_never_waits_out_the_pubsub_threads_minute() -> None:
     stopping.start()
     stopping.join(timeout=15)
     assert not stopping.is_alive(), "unsubscribe waited for the pubsub thread's minute"
+
+
+def test_a_subscribed_worker_leaves_its_channel_with_its_pubsub_thread_ended() -> None:
+    """The usual stop: the worker is still subscribed. Its pubsub thread is told to stop before
+    the channel is left, so reading the confirmation ends it. (Told after, a thread that read
+    the confirmation first went on to wait for a subscription, and every stop took the whole
+    second's join: a busy machine did so often.) The unsubscribe here returns only once the
+    thread has read the confirmation, the order a busy machine makes likely."""
+    worker = SyncWorker(["scrapesync"], connection=redis.Redis.from_url(REDIS_URL))
+    worker.subscribe()
+    pubsub, thread = worker.pubsub, worker.pubsub_thread
+    assert pubsub is not None
+    assert thread is not None
+    deadline = time.monotonic() + 10
+    while not pubsub.subscribed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pubsub.subscribed
+    leave = pubsub.unsubscribe
+
+    def unsubscribe_and_wait_for_the_thread() -> object:
+        sent = leave()
+        while pubsub.subscribed and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return sent
+
+    pubsub.unsubscribe = unsubscribe_and_wait_for_the_thread  # type: ignore[method-assign]
+    worker.unsubscribe()
+    assert not pubsub.subscribed
+    assert not thread.is_alive()
