@@ -98,6 +98,8 @@ def create_tables(session: Session, dataset: Dataset, schema: str) -> DatasetTab
     registered = registered_columns(session, dataset.name)
     wanted = wanted_columns(dataset, registered)
     tables = tables_for(dataset.name, registered, dialect=dialect, schema=schema)
+    if registered == wanted and _as_made(session, tables):
+        return tables
     connection = session.connection()
     if dialect == "postgresql":
         session.execute(CreateSchema(schema, if_not_exists=True))
@@ -120,6 +122,38 @@ def create_tables(session: Session, dataset: Dataset, schema: str) -> DatasetTab
     if tables.history.name not in views:
         make_history_view(session, tables)
     return tables
+
+
+def _as_made(session: Session, tables: DatasetTables) -> bool:
+    """Whether the dataset's tables and view stand exactly as :func:`create_tables` would leave
+    them for ``tables`` (PostgreSQL, in one catalog query; SQLite always looks closer): every
+    evaluation asks, and nearly always they do."""
+    if dialect_of(session) != "postgresql":
+        return False
+    held = session.execute(
+        text(
+            "SELECT c.relname, c.relkind, array_agg(a.attname::text ORDER BY a.attnum) "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 "
+            "AND NOT a.attisdropped "
+            "WHERE n.nspname = :schema AND c.relname = ANY(:names) GROUP BY c.relname, c.relkind"
+        ),
+        {
+            "schema": tables.schema,
+            "names": [
+                t.name for t in (tables.current, tables.closed, tables.changes, tables.history)
+            ],
+        },
+    ).all()
+    found = {name: (kind, list(columns)) for name, kind, columns in held}
+    typed = [c.name for c in tables.columns]
+    for table in (tables.current, tables.closed, tables.changes):
+        kind, columns = found.get(table.name, (None, []))
+        if kind != "r" or set(columns) != set(table.c.keys()):
+            return False
+        if table is not tables.changes and [c for c in columns if c in typed] != typed:
+            return False
+    return bool(found.get(tables.history.name, (None, []))[0] == "v")
 
 
 def _typed_columns_held(session: Session, tables: DatasetTables) -> list[str] | None:

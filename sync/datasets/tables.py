@@ -14,6 +14,7 @@ table's row is all there is of it, so a publication never writes an entity's val
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -127,10 +128,13 @@ def retired_indexes(tables: DatasetTables) -> tuple[str, ...]:
     return (f"ix_{tables.current.name}_run_id",)
 
 
+@functools.lru_cache(maxsize=256)
 def tables_for(
     dataset: str, columns: tuple[Column, ...], *, dialect: str, schema: str
 ) -> DatasetTables:
-    """The dataset's tables with ``columns``, named for ``dialect`` (``schema`` is PostgreSQL's)."""
+    """The dataset's tables with ``columns``, named for ``dialect`` (``schema`` is PostgreSQL's).
+    The same arguments give the same objects, so SQLAlchemy's statement cache knows the tables
+    again (a new ``Table`` compiles every statement afresh); no caller changes them."""
     in_schema = schema if dialect == "postgresql" else None
     metadata = MetaData(schema=in_schema)
     name = base_name(dataset, dialect=dialect)
