@@ -5,8 +5,21 @@ from __future__ import annotations
 import fcntl
 import functools
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+
+# A machine that sets PYTHONDONTWRITEBYTECODE (containers often do) would have every test
+# process compile each test module, rewrite its asserts, and compile the product's modules, on
+# every run: seconds of each loop. The tests keep their bytecode in .pytest_cache instead, out
+# of the source tree, for this process and the commands it starts.
+if sys.dont_write_bytecode:
+    _PYCACHE = str(Path(__file__).resolve().parent.parent / ".pytest_cache" / "pycache")
+    sys.pycache_prefix = _PYCACHE
+    sys.dont_write_bytecode = False
+    os.environ["PYTHONPYCACHEPREFIX"] = _PYCACHE
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 import pytest
 from sqlalchemy import Connection, Engine, MetaData, inspect, make_url, text
