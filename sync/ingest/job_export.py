@@ -127,7 +127,11 @@ def _stage(
         # (a recovery batch, which sets frozen partitions' records aside, reads all);
         # the run's digests are read while the stager is made
         known = LineDigests.reading(
-            services.uow.engine, rules, target.run_id, first_known=digest.stop
+            services.uow.engine,
+            rules,
+            target.run_id,
+            first_known=digest.stop,
+            expected=job.stored_record_count,
         )
     stager = staging.ObservationStager(
         session, run_id=target.run_id, source=source, keys_first=keys_first

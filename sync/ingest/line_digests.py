@@ -125,18 +125,27 @@ class LineDigests:
         run_id: str,
         *,
         first_known: Callable[[], None] | None = None,
+        expected: int = 0,
     ) -> LineDigests:
         """The digests the run's rows hold (PostgreSQL; none elsewhere), read by a thread on a
         connection of its own while the caller goes on: the first lookup waits for them, and
         :meth:`ahead` digests the lines that come meanwhile. (A run too large for a dict is
         read sorted by that lookup, in the caller's thread, whose memory it then reuses.)
-        ``first_known`` is called once, when a line is first found known."""
+        ``first_known`` is called once, when a line is first found known. ``expected``, the
+        records the job says it has: more than a dict takes, and the run is read sorted at once,
+        without a first read to tell or lines read ahead meanwhile (either is a batch of memory
+        the sorted read then never reuses; a guess wrong either way costs time, never a line)."""
         found = cls(rules)
         found._first_known = first_known
         if engine.dialect.name == "postgresql":
             found._done = threading.Event()
             found._apart = (engine, run_id)
-            threading.Thread(target=found._read_apart, name="line-digests", daemon=True).start()
+            if expected > DICT_ROWS:
+                found._large = True
+                found._done.set()
+            else:
+                read = threading.Thread(target=found._read_apart, name="line-digests", daemon=True)
+                read.start()
         return found
 
     def _read_apart(self) -> None:

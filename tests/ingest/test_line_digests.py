@@ -56,11 +56,12 @@ def _import(
     window: str,
     known: bool = True,
     max_record_bytes: int = 1 << 20,
+    expected: int = 0,
 ) -> tuple[UpsertCounts, ExportRead, int]:
     """Import ``lines`` into the run of ``window`` as a sync does (``known``: with the run's
     stored line digests, read beside the download, merged two records at a time while they are
-    read; else in full, merged after the download); (counts, what was read, how many records
-    were parsed)."""
+    read; else in full, merged after the download; ``expected``: the records the job says it
+    has); (counts, what was read, how many records were parsed)."""
     dataset = services.datasets.get("products")
     run_id = f"run-{window}"
     rules = read_rules(
@@ -75,7 +76,9 @@ def _import(
     source = Source("products", run_id, window, 1, attempt, NOW)
     with services.uow.begin() as session:
         digests = (
-            LineDigests.reading(services.uow.engine, rules, run_id) if known else LineDigests(rules)
+            LineDigests.reading(services.uow.engine, rules, run_id, expected=expected)
+            if known
+            else LineDigests(rules)
         )
         stager = ObservationStager(  # the full import is the merge after the download
             session, run_id=run_id, source=source, lines=digests, merge_early=known, merge_batch=2
@@ -247,11 +250,13 @@ def test_digests_that_cannot_be_read_fail_the_lookup_that_waits_for_them(
         digests.marks([line("A", "1")])
 
 
+@pytest.mark.parametrize("expected", [0, 41], ids=["found-large", "said-large"])
 def test_a_run_too_large_for_a_dict_of_its_digests_knows_the_same_lines(
-    services: Services, monkeypatch: pytest.MonkeyPatch
+    services: Services, monkeypatch: pytest.MonkeyPatch, expected: int
 ) -> None:
     """A run of more rows than a dict of digests is kept for (here 8) reads its digests again,
-    sorted, into arrays, and knows the same lines as a small run does."""
+    sorted, into arrays, and knows the same lines as a small run does; a job that says it has
+    more records than that has its run read sorted at once, without the first read."""
     monkeypatch.setattr(line_digests, "DICT_ROWS", 8)
     monkeypatch.setattr(line_digests, "FETCH", 3)  # the sorted read, a few rows at a time
     window = _window()
@@ -259,10 +264,26 @@ def test_a_run_too_large_for_a_dict_of_its_digests_knows_the_same_lines(
     _import(services, "a1", first, window=window)
     second = [line(f"S{i}", f"{i}.99", order=i) if i % 10 == 3 else first[i] for i in range(40)]
     second.append(line("N", "1.00", order=40))
-    counts, read, parsed = _import(services, "a2", second, window=window)
+    counts, read, parsed = _import(services, "a2", second, window=window, expected=expected)
     assert (read.read, parsed) == (41, 5)
     assert counts == UpsertCounts(41, 1, 4, 36, 0, 0)
     assert _stored(services, window)["S13"][0]["price"] == "13.99"
+
+
+def test_a_job_that_says_it_is_large_over_a_small_run_knows_the_same_lines(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The job's word is a guess: its run may hold far fewer rows (a sync cut short, another
+    job's). Read sorted at once all the same, the few stored lines are known, the rest parsed."""
+    monkeypatch.setattr(line_digests, "DICT_ROWS", 8)
+    window = _window()
+    first = [line(f"S{i}", f"{i}.00", order=i) for i in range(5)]
+    _import(services, "a1", first, window=window)
+    second = [line(f"S{i}", f"{i}.99" if i == 3 else f"{i}.00", order=i) for i in range(40)]
+    counts, read, parsed = _import(services, "a2", second, window=window, expected=40)
+    assert (read.read, parsed) == (40, 36)
+    assert counts == UpsertCounts(40, 35, 1, 4, 0, 0)
+    assert _stored(services, window)["S3"][0]["price"] == "3.99"
 
 
 def test_a_known_line_and_another_line_of_its_key_count_and_win_as_in_a_full_import(
