@@ -32,7 +32,8 @@ lines are parsed meanwhile).
 The stored digests are read once. A run of up to :data:`DICT_ROWS` rows keeps them in a dict, read
 in whatever order PostgreSQL finds them: a lookup is one hash probe. A larger run keeps them sorted
 by PostgreSQL in two arrays of 64-bit halves: 16 bytes per row, a fraction of what a dict takes.
-Which way is told by reading up to one more digest than a dict takes, concatenated into one value
+A job that says it has more records than a dict takes has its run read sorted at once; otherwise
+which way is told by reading up to one more digest than a dict takes, concatenated into one value
 (4 MiB at most): a run found larger is read again, sorted, without ever holding a dict. Digests are
 uniform, so the first bits of a digest say where it lies: a table of where each leading-bits value
 starts (one entry per four rows, a byte per row) leaves a search among a few rows instead of the
