@@ -334,9 +334,10 @@ class _DigestsReadFirst(LineDigests):
         run_id: str,
         *,
         first_known: Callable[[], None] | None = None,
+        expected: int = 0,
     ) -> LineDigests:
         """The digests the run's rows hold, read by the time this returns."""
-        found = super().reading(engine, rules, run_id, first_known=first_known)
+        found = super().reading(engine, rules, run_id, first_known=first_known, expected=expected)
         found.wait()
         return found
 
