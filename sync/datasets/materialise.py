@@ -111,12 +111,17 @@ def apply_publication(
     previous_run_id: str | None = None,
     replacing: str | None = None,
     fields: Collection[str] | None = None,
+    valid_rows: int | None = None,
 ) -> Materialised:
     """Bring the dataset's table to ``run``'s published view, with its history and change feed;
     ``replacing`` is a published run being withdrawn in its favour; ``fields``, every field of
     the run's published records, when the caller knows them (a dataset without ``[columns]``
-    gets a text column for each new one; else the database finds those of the rows to write).
+    gets a text column for each new one; else the database finds those of the rows to write);
+    ``valid_rows``, how many valid observations the run holds, when the caller counted them in
+    this transaction (else the database counts them).
     The run's rows pass through Python a batch at a time, so memory does not grow with the run."""
+    if valid_rows is None:
+        valid_rows = _valid_count(session, run.run_id)
     tables = dataset_schema.tables_in(session, dataset.name, schema)
     # the history held nothing before this publication (a first copy fills the table below)
     fresh = dataset_history.is_empty(session, tables)
@@ -127,7 +132,7 @@ def apply_publication(
         tables = dataset_schema.add_columns(session, tables, added, schema)
     copied = _copy_plain_first(session, dataset, tables, run) if fresh else 0
     # a first publication that copied every row leaves nothing for Python to cast or compare
-    complete = copied > 0 and copied == _valid_count(session, run.run_id)
+    complete = copied > 0 and copied == valid_rows
     baseline = not _published_before(session, dataset.name)
     feed = change_feed.Feed(
         session, tables, dataset, run.run_id, previous_run_id, run.revision, now, baseline
@@ -159,7 +164,7 @@ def apply_publication(
     if not copied:  # after a first copy the table holds only rows of this run
         quarantined = _quarantined(session, run.run_id)
         kept = _set_aside(session, run.run_id)
-        for gone in _missing(session, tables, run.run_id):
+        for gone in _missing(session, tables, run.run_id, valid_rows):
             _remove_batch(publishing, tables, gone, quarantined, kept)
     if copied:  # a baseline, counted only: the rows the database copied are added too
         feed.counts[ADDED] += copied
@@ -417,14 +422,15 @@ def whole_set_joins(session: Session) -> AbstractContextManager[None]:
 
 
 def _missing(
-    session: Session, tables: DatasetTables, run_id: str
+    session: Session, tables: DatasetTables, run_id: str, valid_rows: int
 ) -> Iterator[dict[str, tuple[str | None, Values]]]:
     """The rows of ``X`` whose entity has no valid observation in the run, in batches: entity
     key -> (partition, values). Only rows already read are deleted while reading. None when
-    ``X`` holds as many rows as the run valid observations: each of those has its row by now,
-    so two counts spare the anti-join of the whole run with the whole table."""
+    ``X`` holds as many rows as the run has valid observations (``valid_rows``): each of those
+    has its row by now, so two counts spare the anti-join of the whole run with the whole
+    table."""
     count = session.execute(select(func.count()).select_from(tables.current)).scalar_one()
-    if count == _valid_count(session, run_id):
+    if count == valid_rows:
         return
     names = [c.name for c in tables.columns]
     with whole_set_joins(session):

@@ -48,6 +48,7 @@ from sync.datasets import schema
 from sync.models import PartitionVerdict, Run, ScrapingJob
 from sync.queue import evaluation_job_id
 from sync.runs import diagnosis, evidence, publication, quarantine, verdict_rows
+from sync.runs.shapes import RowStates
 from sync.states import Decision, EvaluationOutcome, EventType, PartitionState, RunState
 
 log = logs.get("runs")
@@ -266,7 +267,10 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
                 run.revision,
                 reasons=(waiting.as_dict(),),
             )
-        tallies, pending_rows = evidence.tally(session, run_id, dataset)
+        # a run judged before keeps the ids of the rows written since, for its verdict to mark
+        tallies, states = evidence.tally(
+            session, run_id, dataset, keep_pending=run.evaluated_at is not None
+        )
         services.killpoints.reached("mid-evaluation")
         judgement = judge(
             dataset,
@@ -295,7 +299,7 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
             run,
             dataset,
             judgement,
-            pending_rows,
+            states,
             now,
             schema=services.settings.data_schema,
         )
@@ -310,7 +314,7 @@ def _apply(
     run: Run,
     dataset: Dataset,
     judgement: Judgement,
-    pending_rows: int,
+    states: RowStates,
     now: datetime,
     *,
     schema: str,
@@ -333,10 +337,10 @@ def _apply(
         old_state not in DECIDED
         or was_accepted != now_accepted
         or old_verdicts != new_verdicts
-        or pending_rows > 0
+        or states.pending > 0
     )
     verdict_rows.write_partition_verdicts(session, run.run_id, judgement, now)
-    verdict_rows.mark_observations(session, run.run_id, judgement)
+    verdict_rows.mark_observations(session, run.run_id, judgement, states)
     run.reasons = [r.as_dict() for r in judgement.reasons]
     run.evaluated_at = now
     run.evaluated_version = run.data_version  # read in this transaction's snapshot
@@ -365,6 +369,7 @@ def _apply(
                         now=now,
                         schema=schema,
                         fields=_published_fields(judgement),
+                        valid_rows=states.valid_after(verdict_rows.row_states(judgement)),
                     )
                 )
         else:

@@ -156,12 +156,18 @@ def _add_counts(into: dict[str, int], counts: Mapping[str, int]) -> None:
 
 
 def tally(
-    session: Session, run_id: str, dataset: Dataset, *, keep: bool = True
-) -> tuple[dict[str, PartitionTally], int]:
+    session: Session,
+    run_id: str,
+    dataset: Dataset,
+    *,
+    keep: bool = True,
+    keep_pending: bool = False,
+) -> tuple[dict[str, PartitionTally], shapes.RowStates]:
     """The run's records tallied per partition under the record rules, reading again only those
-    not judged before (:mod:`sync.runs.shapes`; ``keep`` false writes no shape); also count rows
-    rewritten since the last verdict."""
-    return shapes.tally(session, run_id, dataset, keep=keep)
+    not judged before (:mod:`sync.runs.shapes`; ``keep`` false writes no shape); also count its
+    rows by validation state (``keep_pending``: and keep the ids of those rewritten since the
+    last verdict)."""
+    return shapes.tally(session, run_id, dataset, keep=keep, keep_pending=keep_pending)
 
 
 def accepted_history(session: Session, run: Run, *, limit: int) -> list[Profile]:

@@ -69,11 +69,13 @@ def publish(
     schema: str,
     replacing: str | None = None,
     fields: Collection[str] | None = None,
+    valid_rows: int | None = None,
 ) -> list[str]:
     """Flip the dataset's published pointer to ``run``, bring the dataset's table to it (see
     :mod:`sync.datasets.materialise`) and write the events that say so: ``dataset.published``, then
     the pages of ``dataset.changed``. ``fields``: every field of the run's published records,
-    when the caller's judgement knows them (else the database finds them)."""
+    when the caller's judgement knows them (else the database finds them); ``valid_rows``: how
+    many of the run's rows are valid, when the caller counted them in this transaction."""
     if previous is not None:
         session.execute(
             update(Publication)
@@ -130,6 +132,7 @@ def publish(
         previous_run_id=previous.run_id if previous is not None else None,
         replacing=replacing,
         fields=fields,
+        valid_rows=valid_rows,
     )
     row.changes = change_feed.counts_of(made.changes)
     return [published, *made.events]

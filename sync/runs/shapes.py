@@ -12,11 +12,20 @@ that their samples are those of the run as it is.
 The shapes found are written with the verdict, in the statement that marks those rows valid or
 quarantined (:func:`apply`), so no row is written twice. A first evaluation reads the records
 with a defect (every record, where the sync merged them after the download); after a
-"Continue" that rewrote a tenth of them, the next one reads those of that tenth with a defect."""
+"Continue" that rewrote a tenth of them, the next one reads those of that tenth with a defect.
+
+The same statement counts the run's rows per partition by validation state. Of a run judged
+before, it also keeps the ids of the rows written since (``pending``) in a temporary table: when
+the counts show that no other row changes state under the new verdict, the verdict marks those
+rows alone, each by its id (:func:`mark_pending`), instead of a pass over the whole run; and the
+counts tell the publication how many rows are valid, without counting them again."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from sqlalchemy import Connection, Text, case, cast, func, or_, select, text
@@ -25,40 +34,94 @@ from sqlalchemy.orm import Session
 from config.datasets import Dataset
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
 from sync.acceptance.records import add_shape, tally_record
+from sync.db import planner_method_off
 from sync.models import Observation
 from sync.states import ValidationState
 
 BATCH = 5000  # rows read, and shapes staged, at a time
 STAGED = "obs_shapes"  # the shapes found by this evaluation, until its verdict writes them
+PENDING = "obs_pending"  # the ids of the rows written since the last verdict, when kept
+
+
+@dataclass
+class RowStates:
+    """The run's rows per partition (``(none)`` for none) by validation state, counted by the
+    tally's statement in the evaluation's snapshot; ``ids_kept``: the pending rows' ids are in
+    the temporary table ``obs_pending`` too (PostgreSQL, when asked)."""
+
+    rows: Counter[str] = field(default_factory=Counter)
+    by_state: dict[str, Counter[str]] = field(default_factory=dict)
+    ids_kept: bool = False
+
+    def count(self, partition: str | None, state: str, n: int) -> None:
+        name = partition if partition is not None else NO_PARTITION
+        self.by_state.setdefault(state, Counter())[name] += n
+
+    def of(self, state: str, partition: str) -> int:
+        return self.by_state.get(state, Counter())[partition]
+
+    def only_pending_to_mark(self, verdicts: Mapping[str, str]) -> bool:
+        """Whether marking the rows by ``verdicts`` (partition -> the state its rows take)
+        changes none but the pending ones: every other row of a judged partition holds its
+        state already."""
+        return self.ids_kept and all(
+            self.rows[p] - self.of(ValidationState.PENDING, p) == self.of(state, p)
+            for p, state in verdicts.items()
+        )
+
+    @property
+    def pending(self) -> int:
+        """How many of the run's rows were written since the last verdict."""
+        return sum(self.by_state.get(ValidationState.PENDING, Counter()).values())
+
+    def valid_after(self, verdicts: Mapping[str, str]) -> int:
+        """How many of the run's rows are valid once they are marked by ``verdicts``: every
+        row of a partition judged valid, and the valid rows of a partition not judged."""
+        return sum(
+            (n if verdicts[p] == ValidationState.VALID else 0)
+            if p in verdicts
+            else self.of(ValidationState.VALID, p)
+            for p, n in self.rows.items()
+        )
 
 
 def tally(
-    session: Session, run_id: str, dataset: Dataset, *, keep: bool = True
-) -> tuple[dict[str, PartitionTally], int]:
-    """The run's records tallied per partition under the dataset's record rules, and how many
-    of its rows were written since the last verdict. With ``keep``, the shapes of the records
-    read are staged for :func:`apply`; without, nothing is written (a read-only re-judgement)."""
+    session: Session,
+    run_id: str,
+    dataset: Dataset,
+    *,
+    keep: bool = True,
+    keep_pending: bool = False,
+) -> tuple[dict[str, PartitionTally], RowStates]:
+    """The run's records tallied per partition under the dataset's record rules, and its rows
+    counted by validation state. With ``keep``, the shapes of the records read are staged for
+    :func:`apply`; without, nothing is written (a read-only re-judgement). With
+    ``keep_pending`` (PostgreSQL), the same pass over the run keeps the ids of the rows written
+    since the last verdict, so that the verdict can mark them alone."""
     rules = RecordRules.of(dataset)
     prefix = rules.fingerprint + "|"
-    o = Observation.__table__.c
-    kept = o.shape.startswith(prefix, autoescape=True)
     tallies: dict[str, PartitionTally] = {}
-    pending = 0
-    pending_rows = func.sum(case((o.validation_state == ValidationState.PENDING, 1), else_=0))
-    groups = session.execute(
-        select(o.partition, case((kept, o.shape)), func.count(), pending_rows)
-        .where(o.run_id == run_id)
-        .group_by(o.partition, case((kept, o.shape)))
-    ).all()
+    states = RowStates()
+    keep_pending = keep_pending and session.connection().dialect.name == "postgresql"
+    groups = _groups(session, run_id, prefix, keep_pending=keep_pending)
+    states.ids_kept = keep_pending
     unjudged = 0
-    for partition, found, records, rewritten in groups:
-        pending += int(rewritten or 0)
+    for partition, found, records, pending, valid, quarantined in groups:
+        states.rows[partition if partition is not None else NO_PARTITION] += int(records)
+        for state, n in (
+            (ValidationState.PENDING, pending),
+            (ValidationState.VALID, valid),
+            (ValidationState.QUARANTINED, quarantined),
+        ):
+            states.count(partition, state, int(n or 0))
         if found is None:
             unjudged += int(records)
         else:
             add_shape(_tally_of(tallies, partition), found[len(prefix) :], int(records))
     if not unjudged:
-        return tallies, pending
+        return tallies, states
+    o = Observation.__table__.c
+    kept = o.shape.startswith(prefix, autoescape=True)
     stage = _Stage(session.connection(), prefix) if keep else None
     # the payload as text, parsed by orjson: half the time of the driver's JSON decoding
     rows = session.execute(
@@ -73,7 +136,87 @@ def tally(
     if stage is not None:
         stage.flush(final=True)
         session.info[STAGED] = True
-    return tallies, pending
+    return tallies, states
+
+
+def _states(column: Any) -> list[Any]:
+    return [
+        func.sum(case((column == state, 1), else_=0))
+        for state in (
+            ValidationState.PENDING,
+            ValidationState.VALID,
+            ValidationState.QUARANTINED,
+        )
+    ]
+
+
+def _groups(session: Session, run_id: str, prefix: str, *, keep_pending: bool) -> Sequence[Any]:
+    """Per partition and shape under the rules in force (NULL: none): how many rows, and how
+    many of them pending, valid and quarantined; one pass over the run, which also keeps the
+    pending rows' ids in ``obs_pending`` when asked."""
+    o = Observation.__table__.c
+    if not keep_pending:
+        kept = o.shape.startswith(prefix, autoescape=True)
+        return session.execute(
+            select(o.partition, case((kept, o.shape)), func.count(), *_states(o.validation_state))
+            .where(o.run_id == run_id)
+            .group_by(o.partition, case((kept, o.shape)))
+        ).all()
+    connection = session.connection()
+    connection.execute(
+        text(f"CREATE TEMP TABLE IF NOT EXISTS {PENDING} (id bigint) ON COMMIT DROP")
+    )
+    connection.execute(text(f"DELETE FROM {PENDING}"))  # noqa: S608 - a constant name
+    groups = connection.execute(
+        text(
+            # the ids gathered per group, server-side (a scan kept for two readers would be
+            # written aside whole)
+            "WITH g AS (SELECT partition, "  # noqa: S608 - constants
+            "CASE WHEN left(shape, :length) = :prefix THEN shape END AS found, count(*) AS n, "
+            "count(*) FILTER (WHERE validation_state = :pending) AS pending, "
+            "count(*) FILTER (WHERE validation_state = :valid) AS valid, "
+            "count(*) FILTER (WHERE validation_state = :quarantined) AS quarantined, "
+            "array_agg(id) FILTER (WHERE validation_state = :pending) AS ids "
+            "FROM observations WHERE run_id = :run_id GROUP BY 1, 2), "
+            f"kept AS (INSERT INTO {PENDING} (id) SELECT unnest(ids) FROM g) "
+            "SELECT partition, found, n, pending, valid, quarantined FROM g"
+        ),
+        {
+            "run_id": run_id,
+            "length": len(prefix),
+            "prefix": prefix,
+            "pending": ValidationState.PENDING.value,
+            "valid": ValidationState.VALID.value,
+            "quarantined": ValidationState.QUARANTINED.value,
+        },
+    ).all()
+    connection.execute(text(f"ANALYZE {PENDING}"))
+    return groups
+
+
+def mark_pending(session: Session, verdicts: Mapping[str, str]) -> None:
+    """Mark the rows kept in ``obs_pending`` by ``verdicts`` (partition -> state), each looked
+    up by its id; rows of a partition not judged keep their state."""
+    connection = session.connection()
+    names = list(verdicts)
+    states = [verdicts[n] for n in names]
+    state = (
+        "(SELECT v.state FROM unnest(CAST(:names AS text[]), CAST(:states AS text[])) "
+        "AS v(name, state) WHERE v.name = COALESCE(observations.partition, :none))"
+    )
+    with (
+        planner_method_off(session, "enable_hashjoin"),
+        planner_method_off(session, "enable_mergejoin"),
+    ):
+        connection.execute(
+            text(
+                f"UPDATE observations SET validation_state = {state} FROM {PENDING} p "  # noqa: S608 - constants
+                "WHERE observations.id = p.id "
+                "AND COALESCE(observations.partition, :none) = ANY(CAST(:names AS text[])) "
+                f"AND observations.validation_state <> {state}"
+            ),
+            {"names": names, "states": states, "none": NO_PARTITION},
+        )
 
 
 def apply(session: Session, quarantined: Sequence[str]) -> None:

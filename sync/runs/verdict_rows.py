@@ -124,11 +124,28 @@ def _in_partitions(names: list[str]) -> Any:
     return or_(*conditions) if conditions else None
 
 
-def mark_observations(session: Session, run_id: str, judgement: Judgement) -> None:
+def row_states(judgement: Judgement) -> dict[str, str]:
+    """The state the rows of each judged partition take: valid, or quarantined."""
+    return {
+        p.partition: ValidationState.VALID if p.passed else ValidationState.QUARANTINED
+        for p in judgement.partitions
+    }
+
+
+def mark_observations(
+    session: Session, run_id: str, judgement: Judgement, states: shapes.RowStates | None = None
+) -> None:
     """Quarantine the failed partitions' rows and mark the rest valid; rows this evaluation did
-    not read (written by a sync since) are left alone: REPEATABLE READ refuses to touch them."""
+    not read (written by a sync since) are left alone: REPEATABLE READ refuses to touch them.
+    When the tally's counts (``states``) show that no row but those written since the last
+    verdict changes state, those rows alone are marked, each by its id, instead of a pass over
+    the whole run."""
     quarantined = [p.partition for p in judgement.partitions if not p.passed]
     shapes.apply(session, quarantined)  # the rows it read again: their shapes, in one write
+    verdicts = row_states(judgement)
+    if states is not None and states.only_pending_to_mark(verdicts):
+        shapes.mark_pending(session, verdicts)
+        return
     groups = {
         ValidationState.QUARANTINED: quarantined,
         ValidationState.VALID: [p.partition for p in judgement.partitions if p.passed],

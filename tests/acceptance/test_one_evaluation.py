@@ -108,7 +108,9 @@ def test_an_evaluation_of_a_run_judged_as_it_stands_reads_nothing_unless_forced(
     assert evaluation.evaluate_run(offline, run_id).outcome == "published"
     tallies: list[str] = []
     real = evidence.tally
-    monkeypatch.setattr(evidence, "tally", lambda s, r, d: tallies.append(r) or real(s, r, d))
+    monkeypatch.setattr(
+        evidence, "tally", lambda s, r, d, **kw: tallies.append(r) or real(s, r, d, **kw)
+    )
     again = evaluation.evaluate_run(offline, run_id)
     assert (again.outcome, again.state, tallies) == ("unchanged", "published", [])
     forced = evaluation.evaluate_run(offline, run_id, force=True)
