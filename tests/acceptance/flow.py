@@ -193,14 +193,21 @@ def wire_receiver(services: Services, found: Receiver) -> Services:
     return wired
 
 
-def accept_quietly(services: Services, cloud: CloudState, n: int = 40) -> tuple[str, list[str]]:
-    """Sync and accept a new job's run without queueing any delivery; its run id and events."""
+def sync_offline(services: Services, job_id: int) -> None:
+    """Sync a job as the worker would, with nothing queued after it (no evaluation, no
+    delivery): the test evaluates when it chooses."""
     offline = replace(services, dispatcher=RecordingDispatcher())
-    job_id = finished_job(cloud, product_records(n))
     with services.uow.begin() as session:
         wish = store.want_sync(session, job_id, now=services.clock())
         session.commit()
     assert tasks.run_sync(offline, wish.task_key).outcome == "committed"
+
+
+def accept_quietly(services: Services, cloud: CloudState, n: int = 40) -> tuple[str, list[str]]:
+    """Sync and accept a new job's run without queueing any delivery; its run id and events."""
+    offline = replace(services, dispatcher=RecordingDispatcher())
+    job_id = finished_job(cloud, product_records(n))
+    sync_offline(services, job_id)
     judged = evaluation.evaluate_run(offline, run_id_of(job_id))
     assert judged.outcome == "published"
     return run_id_of(job_id), list(judged.events)

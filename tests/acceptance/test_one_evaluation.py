@@ -11,22 +11,17 @@ from sqlalchemy import text
 
 from simulator import CloudState
 from sync.bootstrap import Services
-from sync.ingest import store, tasks
 from sync.models import Run
 from sync.queue import RecordingDispatcher, RQDispatcher
 from sync.runs import due, evaluation, evidence
-from tests.acceptance.flow import finished_job, product_records, run_id_of, verdict
+from tests.acceptance.flow import finished_job, product_records, run_id_of, sync_offline, verdict
 from tests.harness import DrainWorker, drain, notify
 
 
 def _synced_offline(services: Services, cloud: CloudState) -> str:
     """A new job synced with nothing queued after it; its run, not yet evaluated."""
-    offline = replace(services, dispatcher=RecordingDispatcher())
     job_id = finished_job(cloud, product_records(40))
-    with services.uow.begin() as session:
-        wish = store.want_sync(session, job_id, now=services.clock())
-        session.commit()
-    assert tasks.run_sync(offline, wish.task_key).outcome == "committed"
+    sync_offline(services, job_id)
     return run_id_of(job_id)
 
 

@@ -15,7 +15,6 @@ from simulator import CloudState
 from sync.acceptance.facts import PartitionTally, RecordRules
 from sync.acceptance.records import tally_records
 from sync.bootstrap import Services
-from sync.ingest import store, tasks
 from sync.models import Observation
 from sync.queue import RecordingDispatcher
 from sync.runs import evaluation, shapes
@@ -24,6 +23,7 @@ from tests.acceptance.flow import (
     finished_job,
     product_records,
     run_id_of,
+    sync_offline,
     use_datasets,
 )
 
@@ -38,14 +38,6 @@ def _records() -> list[dict[str, Any]]:
     records[SHELL] = {"sku": records[SHELL]["sku"], "retailer": records[SHELL]["retailer"],
                       "title": " ", "price": ""}  # fmt: skip
     return records
-
-
-def _sync(services: Services, job_id: int) -> None:
-    offline = replace(services, dispatcher=RecordingDispatcher())
-    with services.uow.begin() as session:
-        wish = store.want_sync(session, job_id, now=services.clock())
-        session.commit()
-    assert tasks.run_sync(offline, wish.task_key).outcome == "committed"
 
 
 def _evaluate(services: Services, run_id: str) -> str:
@@ -108,7 +100,7 @@ def test_a_later_evaluation_reads_only_the_changed_records_and_the_defective_one
     records = _records()
     job_id = finished_job(cloud, records)
     run_id = run_id_of(job_id)
-    _sync(services, job_id)
+    sync_offline(services, job_id)
     with services.uow.begin() as session:
         at_import, _ = shapes.tally(session, run_id, services.datasets.get("products"), keep=False)
     assert _comparable(at_import) == _comparable(_as_read(services, run_id))
@@ -128,7 +120,7 @@ def test_a_later_evaluation_reads_only_the_changed_records_and_the_defective_one
     changed += product_records(1, start=900)  # and one more record: Cloud's counters move
     cloud.continue_job(job_id)
     cloud.run_job(job_id, records=changed)
-    _sync(services, job_id)
+    sync_offline(services, job_id)
     read_back.clear()
     _evaluate(services, run_id)
     still_defective = {changed[i]["sku"] for i in (CONSENT, MISSING, SHELL)}
@@ -152,7 +144,7 @@ def test_changed_record_rules_judge_every_record_again(
     finds them unparsable and rejects the run; the shapes of the old rules count no more."""
     job_id = finished_job(cloud, product_records(40))
     run_id = run_id_of(job_id)
-    _sync(services, job_id)
+    sync_offline(services, job_id)
     assert _evaluate(services, run_id) == "published"
     read_back.clear()
     assert _evaluate(services, run_id) == "unchanged"
@@ -194,7 +186,7 @@ def test_a_first_sync_shapes_the_records_the_database_gives_back_alike(
     records[3]["price"] = 3
     job_id = finished_job(cloud, records)
     run_id = run_id_of(job_id)
-    _sync(services, job_id)
+    sync_offline(services, job_id)
     with services.uow.begin() as session:
         shaped = dict(
             session.execute(

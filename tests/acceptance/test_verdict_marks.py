@@ -17,21 +17,38 @@ from sqlalchemy import event, select, text
 
 from simulator import CloudState
 from sync.bootstrap import Services
-from sync.ingest import store, tasks
 from sync.models import Observation
 from sync.queue import RecordingDispatcher
 from sync.runs import evaluation
-from tests.acceptance.flow import RETAILERS, finished_job, product_records, run_id_of
+from tests.acceptance.flow import (
+    RETAILERS,
+    finished_job,
+    product_records,
+    run_id_of,
+    sync_offline,
+)
 
 pytestmark = pytest.mark.postgres  # the ids are kept on PostgreSQL
 
 
-def _sync(services: Services, job_id: int) -> None:
+def _published(services: Services, cloud: CloudState, records: list[dict[str, str]]) -> int:
+    """A job of these records, synced, judged and published; its id."""
+    job_id = finished_job(cloud, records)
+    sync_offline(services, job_id)
+    assert _evaluate(services, run_id_of(job_id)) == "published"
+    return job_id
+
+
+def _continued(services: Services, cloud: CloudState, job_id: int, records: list[Any]) -> None:
+    """Cloud's "Continue" of the job, ending with these records, synced."""
+    cloud.continue_job(job_id)
+    cloud.run_job(job_id, records=records)
+    sync_offline(services, job_id)
+
+
+def _evaluate(services: Services, run_id: str) -> str:
     offline = replace(services, dispatcher=RecordingDispatcher())
-    with services.uow.begin() as session:
-        wish = store.want_sync(session, job_id, now=services.clock())
-        session.commit()
-    assert tasks.run_sync(offline, wish.task_key).outcome == "committed"
+    return evaluation.evaluate_run(offline, run_id).outcome
 
 
 @contextmanager
@@ -64,21 +81,16 @@ def test_a_continue_marks_only_the_rows_it_wrote_each_by_id(
     services: Services, cloud: CloudState
 ) -> None:
     records = product_records(40)
-    job_id = finished_job(cloud, records)
+    job_id = _published(services, cloud, records)
     run_id = run_id_of(job_id)
-    _sync(services, job_id)
-    offline = replace(services, dispatcher=RecordingDispatcher())
-    assert evaluation.evaluate_run(offline, run_id).outcome == "published"
 
     changed = [dict(r) for r in records]
     for i in (3, 7, 21):
         changed[i]["price"] = "99.99"
     changed += product_records(1, start=900)
-    cloud.continue_job(job_id)
-    cloud.run_job(job_id, records=changed)
-    _sync(services, job_id)
+    _continued(services, cloud, job_id, changed)
     with _marks(services) as marks:
-        assert evaluation.evaluate_run(offline, run_id).outcome == "published"
+        assert _evaluate(services, run_id) == "published"
 
     assert len(marks) == 1
     assert "FROM obs_pending" in marks[0]
@@ -97,18 +109,13 @@ def test_a_partition_whose_verdict_turns_has_every_row_marked_again(
     """A "Continue" that brings a partition junk enough to quarantine it turns the rows it
     never rewrote too: the verdict looks at the whole run."""
     records = product_records(40)
-    job_id = finished_job(cloud, records)
+    job_id = _published(services, cloud, records)
     run_id = run_id_of(job_id)
-    _sync(services, job_id)
-    offline = replace(services, dispatcher=RecordingDispatcher())
-    assert evaluation.evaluate_run(offline, run_id).outcome == "published"
 
     junk = product_records(30, start=500, retailers=(RETAILERS[1],), garbage=RETAILERS[1])
-    cloud.continue_job(job_id)
-    cloud.run_job(job_id, records=records + junk)
-    _sync(services, job_id)
+    _continued(services, cloud, job_id, records + junk)
     with _marks(services) as marks:
-        assert evaluation.evaluate_run(offline, run_id).outcome == "rejected"
+        assert _evaluate(services, run_id) == "rejected"
 
     assert not any("FROM obs_pending" in m for m in marks)
     states = _states(services, run_id)
