@@ -210,10 +210,19 @@ def planner_method_off(session: Session, setting: str) -> Iterator[None]:
     """On PostgreSQL, the statements of the block are planned without one method (``setting``,
     e.g. ``enable_nestloop``), for this transaction only (SET LOCAL), then with it again. For
     statements whose right plan PostgreSQL's statistics cannot show it; elsewhere a no-op."""
+    with local_setting(session, setting, "off"):
+        yield
+
+
+@contextmanager
+def local_setting(session: Session, setting: str, value: str) -> Iterator[None]:
+    """On PostgreSQL, the statements of the block run with ``setting`` at ``value`` (a
+    constant), for this transaction only (SET LOCAL), then with its default again; elsewhere a
+    no-op."""
     if session.get_bind().dialect.name != "postgresql":
         yield
         return
-    session.execute(text(f"SET LOCAL {setting} = off"))
+    session.execute(text(f"SET LOCAL {setting} = '{value}'"))
     yield  # a statement that fails aborts the transaction, and its rollback drops the setting
     session.execute(text(f"SET LOCAL {setting} TO DEFAULT"))
 

@@ -43,7 +43,7 @@ from sync.datasets.changes import ADDED, CHANGED, EntityChange, compare
 from sync.datasets.first_publication import PlainCasts, plain_casts
 from sync.datasets.rows import target_name
 from sync.datasets.tables import DatasetTables
-from sync.db import planner_method_off
+from sync.db import local_setting, planner_method_off
 from sync.models import Observation, Run
 from sync.states import ValidationState
 
@@ -60,6 +60,9 @@ _SQL_TYPES = {
     "json": "jsonb",
 }
 _PAIRS = 50  # name-value pairs per jsonb_build_object (a function takes at most 100 arguments)
+# the memory of each sort and hash of these statements: a change set's rows sorted into the
+# feed's order, and the run hashed against the table, stay off disk up to a few 100k entities
+WORK_MEM = "64MB"
 
 
 @dataclass(frozen=True)
@@ -80,18 +83,22 @@ def publish_changes(
     start: datetime,
     undo: Collection[str],
     fresh: bool,
+    pending_ids: str | None = None,
 ) -> bool:
     """Write the run's plain new and changed entities by set-based statements, into ``feed``
     too, where they apply: on PostgreSQL, into a table with a history and columns, for a
     dataset with no ``watch`` tolerances, and not as a baseline (counted, never listed). True
-    when they did: the rest are then to be read from among those found (``pub_seen``)."""
+    when they did: the rest are then to be read from among those found (``pub_seen``).
+    ``pending_ids``: a temporary table of the ids of the rows written since the run's last
+    verdict, when the table holds every other valid row of the run as the run's last
+    publication wrote it: those rows alone are then looked at (see :func:`find_seen`)."""
     if fresh or dataset.watch or feed.baseline or not tables.columns:
         return False
     if session.get_bind().dialect.name != "postgresql":
         return False
     # no JIT compilation: it costs more than it saves on statements over one change set
-    with planner_method_off(session, "jit"):
-        find_seen(session, tables, run.run_id)
+    with planner_method_off(session, "jit"), local_setting(session, "work_mem", WORK_MEM):
+        find_seen(session, tables, run.run_id, pending_ids=pending_ids)
         written = publish_plain(
             session,
             tables,
@@ -117,22 +124,36 @@ def publish_changes(
     return True
 
 
-def find_seen(session: Session, tables: DatasetTables, run_id: str) -> None:
+def find_seen(
+    session: Session, tables: DatasetTables, run_id: str, *, pending_ids: str | None = None
+) -> None:
     """Keep in ``pub_seen`` (a temporary table, for this transaction) the ids of the run's
     valid observations whose entity the dataset's table lacks or holds with another payload
-    hash, by a hash join of the whole run with the whole table (as
-    :func:`sync.datasets.materialise.whole_set_joins` says why)."""
+    hash: by a hash join of the whole run with the whole table (as
+    :func:`sync.datasets.materialise.whole_set_joins` says why), or among the rows whose ids
+    ``pending_ids`` holds alone, each looked up by its key.
+
+    The caller names ``pending_ids`` (the rows written since the run's last verdict) when the
+    dataset's current publication is this run's and the verdict turned no row but those: each
+    other valid row was valid when that publication wrote the run's valid rows into the table,
+    in its verdict's transaction, and no sync has rewritten it since (a rewritten row is
+    pending again)."""
     session.execute(text(f"DROP TABLE IF EXISTS pg_temp.{SEEN}"))
-    with planner_method_off(session, "enable_nestloop"):
-        _find_seen(session, tables, run_id)
+    if pending_ids is not None:
+        with _by_key(session):
+            _find_seen(session, tables, run_id, f"{pending_ids} p JOIN ")
+    else:
+        with planner_method_off(session, "enable_nestloop"):
+            _find_seen(session, tables, run_id, "")
     session.execute(text(f"ANALYZE {SEEN}"))
 
 
-def _find_seen(session: Session, tables: DatasetTables, run_id: str) -> None:
+def _find_seen(session: Session, tables: DatasetTables, run_id: str, among: str) -> None:
+    on = " ON o.id = p.id" if among else ""
     session.execute(
         text(
             f"CREATE TEMP TABLE {SEEN} ON COMMIT DROP AS SELECT o.id "
-            f"FROM {Observation.__tablename__} o "
+            f"FROM {among}{Observation.__tablename__} o{on} "
             f"LEFT JOIN {target_name(session, tables.current)} x ON x.entity_key = o.entity_key "
             "WHERE o.run_id = :run_id AND o.validation_state = :valid "
             "AND (x.entity_key IS NULL OR x.payload_hash <> o.payload_hash)"

@@ -112,13 +112,16 @@ def apply_publication(
     replacing: str | None = None,
     fields: Collection[str] | None = None,
     valid_rows: int | None = None,
+    pending_ids: str | None = None,
 ) -> Materialised:
     """Bring the dataset's table to ``run``'s published view, with its history and change feed;
     ``replacing`` is a published run being withdrawn in its favour; ``fields``, every field of
     the run's published records, when the caller knows them (a dataset without ``[columns]``
     gets a text column for each new one; else the database finds those of the rows to write);
     ``valid_rows``, how many valid observations the run holds, when the caller counted them in
-    this transaction (else the database counts them).
+    this transaction (else the database counts them); ``pending_ids``, a temporary table of the
+    ids of the rows written since the run's last verdict, when the table holds the run's other
+    valid rows as its last publication wrote them (only those rows are then searched for changes).
     The run's rows pass through Python a batch at a time, so memory does not grow with the run."""
     if valid_rows is None:
         valid_rows = _valid_count(session, run.run_id)
@@ -158,6 +161,7 @@ def apply_publication(
             start=publishing.start,
             undo=publishing.undo,
             fresh=fresh,
+            pending_ids=pending_ids,
         )
         for batch in _new_and_changed(session, tables, run.run_id, among=among):
             _publish_batch(publishing, tables, batch)

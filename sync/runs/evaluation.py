@@ -48,7 +48,7 @@ from sync.datasets import schema
 from sync.models import PartitionVerdict, Run, ScrapingJob
 from sync.queue import evaluation_job_id
 from sync.runs import diagnosis, evidence, publication, quarantine, verdict_rows
-from sync.runs.shapes import RowStates
+from sync.runs.shapes import PENDING, RowStates
 from sync.states import Decision, EvaluationOutcome, EventType, PartitionState, RunState
 
 log = logs.get("runs")
@@ -357,21 +357,7 @@ def _apply(
             events.append(
                 verdict_rows.announce(session, dataset, run, EventType.RUN_ACCEPTED, summary, now)
             )
-            current = publication.current_publication(session, dataset.name)
-            if publication.publishes(session, run, current):
-                events.extend(
-                    publication.publish(
-                        session,
-                        dataset,
-                        run,
-                        records=judgement.counted_records,
-                        previous=current,
-                        now=now,
-                        schema=schema,
-                        fields=_published_fields(judgement),
-                        valid_rows=states.valid_after(verdict_rows.row_states(judgement)),
-                    )
-                )
+            events.extend(_publish(session, run, dataset, judgement, states, now, schema))
         else:
             run.state = RunState.REJECTED
             events.append(
@@ -387,6 +373,37 @@ def _apply(
         run.revision,
         events=tuple(events),
         reasons=tuple(run.reasons),
+    )
+
+
+def _publish(
+    session: Session,
+    run: Run,
+    dataset: Dataset,
+    judgement: Judgement,
+    states: RowStates,
+    now: datetime,
+    schema: str,
+) -> list[str]:
+    """Publish the accepted run unless a later window is published; the events written."""
+    current = publication.current_publication(session, dataset.name)
+    if not publication.publishes(session, run, current):
+        return []
+    marks = verdict_rows.row_states(judgement)
+    # published already, and no row but those written since turned: only they can differ
+    # from the dataset's table
+    again = current is not None and current.run_id == run.run_id
+    return publication.publish(
+        session,
+        dataset,
+        run,
+        records=judgement.counted_records,
+        previous=current,
+        now=now,
+        schema=schema,
+        fields=_published_fields(judgement),
+        valid_rows=states.valid_after(marks),
+        pending_ids=PENDING if again and states.only_pending_to_mark(marks) else None,
     )
 
 

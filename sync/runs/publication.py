@@ -70,12 +70,12 @@ def publish(
     replacing: str | None = None,
     fields: Collection[str] | None = None,
     valid_rows: int | None = None,
+    pending_ids: str | None = None,
 ) -> list[str]:
     """Flip the dataset's published pointer to ``run``, bring the dataset's table to it (see
     :mod:`sync.datasets.materialise`) and write the events that say so: ``dataset.published``, then
-    the pages of ``dataset.changed``. ``fields``: every field of the run's published records,
-    when the caller's judgement knows them (else the database finds them); ``valid_rows``: how
-    many of the run's rows are valid, when the caller counted them in this transaction."""
+    the pages of ``dataset.changed``. ``fields``, ``valid_rows`` and ``pending_ids``: what the
+    caller knows of the run (see :func:`sync.datasets.materialise.apply_publication`)."""
     if previous is not None:
         session.execute(
             update(Publication)
@@ -133,6 +133,7 @@ def publish(
         replacing=replacing,
         fields=fields,
         valid_rows=valid_rows,
+        pending_ids=pending_ids,
     )
     row.changes = change_feed.counts_of(made.changes)
     return [published, *made.events]

@@ -1,8 +1,9 @@
 """A verdict marks the run's rows valid or quarantined. After a "Continue", the tally's pass over
 the run counts its rows by state and keeps the ids of those the sync wrote: when no other row
-changes state, the verdict marks those rows alone, each by its id; when a partition's verdict
-changes, every row of the run is looked at, as before. Either way every row ends in its
-partition's state."""
+changes state, the verdict marks those rows alone, each by its id, and the publication of a run
+published already searches those rows alone for changes; when a partition's verdict changes,
+every row of the run is looked at, as before. Either way every row ends in its partition's
+state, and the dataset's table holds the run's valid rows."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from tests.acceptance.flow import (
     product_records,
     run_id_of,
     sync_offline,
+    use_datasets,
+    with_policy,
 )
 
 pytestmark = pytest.mark.postgres  # the ids are kept on PostgreSQL
@@ -52,13 +55,14 @@ def _evaluate(services: Services, run_id: str) -> str:
 
 
 @contextmanager
-def _marks(services: Services) -> Iterator[list[str]]:
-    """The UPDATE statements on observations run meanwhile, as sent."""
+def _marks(services: Services, start: str = "UPDATE observations") -> Iterator[list[str]]:
+    """The statements run meanwhile that begin so (by default: the UPDATEs of observations),
+    as sent."""
     seen: list[str] = []
 
     def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         flat = " ".join(statement.split())
-        if flat.startswith("UPDATE observations"):
+        if flat.startswith(start):
             seen.append(flat)
 
     event.listen(services.uow.engine, "before_cursor_execute", note)
@@ -126,3 +130,110 @@ def test_a_partition_whose_verdict_turns_has_every_row_marked_again(
             (RETAILERS[1], "quarantined"): held[RETAILERS[1]] + 30,
         }
     )
+
+
+SEARCH = "CREATE TEMP TABLE pub_seen"  # the search for the run's new and changed entities
+
+
+def _table(services: Services) -> dict[str, str]:
+    with services.uow.begin() as session:
+        return dict(session.execute(text("SELECT sku, price FROM datasets.products")).all())
+
+
+def _fed(services: Services, run_id: str) -> Counter[str]:
+    """The change feed of the run's latest publication, by kind."""
+    with services.uow.begin() as session:
+        rows = session.execute(
+            text(
+                "SELECT kind, count(DISTINCT entity_key) FROM datasets.products_changes "
+                "WHERE run_id = :run AND revision = (SELECT revision FROM runs "
+                "WHERE run_id = :run) GROUP BY kind"
+            ),
+            {"run": run_id},
+        ).all()
+    return Counter(dict(rows))
+
+
+def test_a_continue_of_a_published_run_searches_only_the_rows_it_wrote_for_changes(
+    services: Services, cloud: CloudState
+) -> None:
+    records = product_records(40)
+    job_id = _published(services, cloud, records)
+    run_id = run_id_of(job_id)
+
+    changed = [dict(r) for r in records]
+    for i in (2, 11, 30):
+        changed[i]["price"] = "123.45"
+    changed[5]["title"] = "A new title"  # a change the price does not show
+    changed += product_records(2, start=700)
+    _continued(services, cloud, job_id, changed)
+    with _marks(services, SEARCH) as searches:
+        assert _evaluate(services, run_id) == "published"
+
+    assert len(searches) == 1
+    assert "FROM obs_pending p JOIN observations" in searches[0]
+    assert _table(services) == {r["sku"]: r["price"] for r in changed}
+    assert _fed(services, run_id) == Counter({"changed": 4, "added": 2})
+
+
+def test_a_partition_that_passes_again_is_published_whole(
+    services: Services, cloud: CloudState
+) -> None:
+    """A quarantined partition whose junk a "Continue" mends passes: its rows that the sync
+    did not rewrite enter the dataset's table too, so the whole run is searched."""
+    services = use_datasets(services, with_policy("publish_passing"))
+    records = product_records(40)
+    junk = product_records(30, start=500, retailers=(RETAILERS[1],), garbage=RETAILERS[1])
+    job_id = _published(services, cloud, records + junk)
+    run_id = run_id_of(job_id)
+    assert RETAILERS[1] not in {r["retailer"] for r in _retailers(services)}
+
+    # the junk rescraped, and one page more (a "Continue" reads more records)
+    mended = product_records(30, start=500, retailers=(RETAILERS[1],))
+    mended += product_records(1, start=900, retailers=(RETAILERS[0],))
+    _continued(services, cloud, job_id, records + mended)
+    with _marks(services, SEARCH) as searches:
+        assert _evaluate(services, run_id) == "published"
+
+    assert _table(services) == {r["sku"]: r["price"] for r in records + mended}
+    held = sum(1 for r in records if r["retailer"] == RETAILERS[1])
+    assert held > 0  # rows of the partition that the "Continue" left as they were
+    assert _fed(services, run_id) == Counter({"added": held + 31})
+    assert len(searches) == 1
+    assert "obs_pending" not in searches[0]
+
+
+def _retailers(services: Services) -> list[dict[str, str]]:
+    with services.uow.begin() as session:
+        rows = session.execute(text("SELECT sku, retailer FROM datasets.products")).all()
+    return [{"sku": sku, "retailer": retailer} for sku, retailer in rows]
+
+
+def test_a_run_that_takes_the_pointer_after_a_continue_is_published_whole(
+    services: Services, cloud: CloudState
+) -> None:
+    """A later job's run rejected for its size, all its partitions passing, then completed by
+    a "Continue": only the rows the sync wrote turn, but the dataset's table holds the earlier
+    run, so the whole run is searched."""
+    services = use_datasets(services, with_policy("reject", quality="min_records = 50"))
+    _published(services, cloud, product_records(60))
+    records = product_records(40)
+    for record in records:
+        record["price"] = "7.50"
+    job_id = finished_job(cloud, records)
+    sync_offline(services, job_id)
+    run_id = run_id_of(job_id)
+    assert _evaluate(services, run_id) == "rejected"
+    assert _states(services, run_id) == Counter(
+        {(r, "valid"): sum(1 for c in records if c["retailer"] == r) for r in RETAILERS}
+    )
+
+    more = records + product_records(20, start=600)
+    _continued(services, cloud, job_id, more)
+    with _marks(services) as marks, _marks(services, SEARCH) as searches:
+        assert _evaluate(services, run_id) == "published"
+
+    assert _table(services) == {r["sku"]: r["price"] for r in more}
+    assert "FROM obs_pending" in marks[0]  # the verdict marked the new rows alone
+    assert len(searches) == 1
+    assert "obs_pending" not in searches[0]
