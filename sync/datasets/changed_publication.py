@@ -139,27 +139,31 @@ def find_seen(
     in its verdict's transaction, and no sync has rewritten it since (a rewritten row is
     pending again)."""
     session.execute(text(f"DROP TABLE IF EXISTS pg_temp.{SEEN}"))
-    if pending_ids is not None:
-        with _by_key(session):
-            _find_seen(session, tables, run_id, f"{pending_ids} p JOIN ")
-    else:
-        with planner_method_off(session, "enable_nestloop"):
-            _find_seen(session, tables, run_id, "")
-    session.execute(text(f"ANALYZE {SEEN}"))
-
-
-def _find_seen(session: Session, tables: DatasetTables, run_id: str, among: str) -> None:
-    on = " ON o.id = p.id" if among else ""
-    session.execute(
-        text(
-            f"CREATE TEMP TABLE {SEEN} ON COMMIT DROP AS SELECT o.id "
-            f"FROM {among}{Observation.__tablename__} o{on} "
-            f"LEFT JOIN {target_name(session, tables.current)} x ON x.entity_key = o.entity_key "
-            "WHERE o.run_id = :run_id AND o.validation_state = :valid "
-            "AND (x.entity_key IS NULL OR x.payload_hash <> o.payload_hash)"
-        ),
-        {"run_id": run_id, "valid": ValidationState.VALID.value},
+    x = target_name(session, tables.current)
+    params = {"run_id": run_id, "valid": ValidationState.VALID.value}
+    lacking = (
+        f"FROM {Observation.__tablename__} o LEFT JOIN {x} x ON x.entity_key = o.entity_key "
+        "WHERE o.run_id = :run_id AND o.validation_state = :valid "
+        "AND (x.entity_key IS NULL OR x.payload_hash <> o.payload_hash)"
     )
+    if pending_ids is None:
+        with planner_method_off(session, "enable_nestloop"):
+            session.execute(
+                text(f"CREATE TEMP TABLE {SEEN} ON COMMIT DROP AS SELECT o.id {lacking}"), params
+            )
+    else:
+        # each id looked up by its key, whatever the statistics say: taken before the run was
+        # written, they can make the run look like two rows, and a join planned on that would
+        # scan the run once per id (OFFSET 0 keeps the planner from flattening the LATERAL)
+        with _by_key(session):
+            session.execute(
+                text(
+                    f"CREATE TEMP TABLE {SEEN} ON COMMIT DROP AS SELECT f.id FROM {pending_ids} p "
+                    f"CROSS JOIN LATERAL (SELECT o.id {lacking} AND o.id = p.id OFFSET 0) f"
+                ),
+                params,
+            )
+    session.execute(text(f"ANALYZE {SEEN}"))
 
 
 def _json(column: Column, v: str) -> str:

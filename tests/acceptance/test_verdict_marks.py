@@ -171,7 +171,7 @@ def test_a_continue_of_a_published_run_searches_only_the_rows_it_wrote_for_chang
         assert _evaluate(services, run_id) == "published"
 
     assert len(searches) == 1
-    assert "FROM obs_pending p JOIN observations" in searches[0]
+    assert "FROM obs_pending p CROSS JOIN LATERAL" in searches[0]
     assert _table(services) == {r["sku"]: r["price"] for r in changed}
     assert _fed(services, run_id) == Counter({"changed": 4, "added": 2})
 
