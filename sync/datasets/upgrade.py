@@ -15,6 +15,8 @@ file's columns (with no ``columns`` table, every registered column as ``text``):
 
 Tables of earlier releases, whose history was a table that held the open stretches too, are
 converted first, in one transaction (:func:`sync.datasets.schema.convert_open_stretches`).
+Their indexes that no query needs are dropped, and on PostgreSQL the dataset's table gets the
+fillfactor tables are made with now (half of each page free for the next run's versions).
 
 Each step commits on its own and the filling goes in batches, so the web process's readers wait
 only for the short ``ALTER TABLE`` statements, never for the filling.
@@ -37,6 +39,7 @@ from sync.datasets import schema as dataset_schema
 from sync.datasets.columns import registered_columns
 from sync.datasets.rows import chunks, target_name
 from sync.datasets.tables import (
+    CURRENT_FILLFACTOR,
     DatasetTables,
     comment_for,
     retired_indexes,
@@ -104,6 +107,7 @@ def upgrade_dataset(uow: UnitOfWork, dataset: Dataset, schema: str) -> Reconcile
         staged = [replace(c, name=f"{_SWAP_PREFIX}{c.name}") for c in rebuilt]
         _alter(session, tables, add=added + staged, drop=[c.name for c in dropped])
         _drop_retired_indexes(session, tables)
+        _leave_room(session, tables)
         kept = [c for c in registered if c.name in want]
         dataset_schema.register(session, dataset.name, kept + added)
         if added or staged or dropped:
@@ -163,6 +167,22 @@ def _drop_retired_indexes(session: Session, tables: DatasetTables) -> None:
     for name in retired_indexes(tables):
         target = f"{quote(tables.schema)}.{quote(name)}" if tables.schema else quote(name)
         session.execute(text(f"DROP INDEX IF EXISTS {target}"))
+
+
+def _leave_room(session: Session, tables: DatasetTables) -> None:
+    """Give a table made by an earlier release the fillfactor tables are made with now (see
+    ``CURRENT_FILLFACTOR``), on PostgreSQL. Pages written from now on keep the room; the pages
+    already full get it as a publication moves their rows."""
+    if dataset_schema.dialect_of(session) != "postgresql":
+        return
+    target = target_name(session, tables.current)
+    option = f"fillfactor={CURRENT_FILLFACTOR}"
+    held = session.execute(
+        text("SELECT reloptions FROM pg_class WHERE oid = CAST(:table AS regclass)"),
+        {"table": target},
+    ).scalar_one()
+    if option not in (held or []):
+        session.execute(text(f"ALTER TABLE {target} SET ({option})"))
 
 
 def _swap(session: Session, tables: DatasetTables, name: str) -> None:

@@ -142,6 +142,33 @@ def test_db_upgrade_drops_the_run_id_index_of_earlier_releases(
     assert indexed_columns() == []
 
 
+@pytest.mark.postgres
+def test_a_dataset_table_leaves_room_on_its_pages_for_the_next_runs_rows(
+    services: Services, engine: Engine
+) -> None:
+    """Each publication of a new run moves every row it saw unchanged to that run: with half
+    of each page free, each moved row's new version stays on its page (no primary-key entry
+    written). Tables are made so, and ``db upgrade`` gives the setting to tables made before."""
+    typed = use_datasets(services, typed_datasets())
+    dataset = typed.datasets.get("products")
+    schema = typed.settings.data_schema
+    upgrade_dataset(typed.uow, dataset, schema)
+    found = tables(typed)
+    target = f"{found.schema}.{found.current.name}"
+
+    def options() -> list[str] | None:
+        with engine.connect() as conn:
+            sql = "SELECT reloptions FROM pg_class WHERE oid = CAST(:t AS regclass)"
+            return conn.execute(text(sql), {"t": target}).scalar_one()
+
+    assert options() == ["fillfactor=50"]
+    with engine.begin() as conn:
+        conn.execute(text(f"ALTER TABLE {target} RESET (fillfactor)"))  # as made before
+    assert options() is None
+    upgrade_dataset(typed.uow, dataset, schema)
+    assert options() == ["fillfactor=50"]
+
+
 def earlier_history_table(found: DatasetTables) -> Table:
     """The history table of earlier releases: every stretch, open ones too, keyed by an id."""
     return Table(
