@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, make_url, text
 
-from bench.pipeline_report import ARMS, CHANGED, COPY, DLT, FIRST, TYPED, Load
+from bench.pipeline_report import ARMS, CHANGED, COPY, DLT, FIRST, NEXT, TYPED, Load
 from bench.sync_bench import (
     API_TOKEN,
     DATASETS_TOML,
@@ -41,6 +41,7 @@ DLT_SCRIPT = ROOT / "bench" / "dlt_load.py"
 DLT_DATASET = "dlt_products"
 HOOK_SECRET_ENV = "PIPELINE_BENCH_HOOK_SECRET"  # noqa: S105 - a variable's name, no secret
 CONTINUE_SECONDS = 60  # how long the simulated "Continue" runs on Cloud's clock
+DAY_SECONDS = 86_400  # the next day's job: the dataset's next daily window, so a new run
 
 DESTINATION_TOML = f"""
 [[datasets.products.destinations]]
@@ -320,16 +321,55 @@ def scrapesync_arm(bench: Bench, n: int, arm: str, exports: Exports) -> list[Loa
             bench, n=n, run_id=run_id, typed=typed, total=total, events=publications, what=what
         )
         loads.append(_as(load, n, arm, phase))
+    _check_fed(bench, run_id, expected, f"{arm}, {CHANGED} of {n:,}")
+    bench.server.exports.set(job_id, None)
+    bench.cloud.delete_job(job_id)
+    loads.append(_next_day(bench, n, arm, exports, env))
+    return loads
+
+
+def _next_day(bench: Bench, n: int, arm: str, exports: Exports, env: dict[str, str]) -> Load:
+    """The next day's job of the sitemap, a new run of the dataset, whose export is the first
+    one again: a tenth of its entities differ from the table the "Continue" left. Its
+    publication is measured against that table, as every daily sync after the first is."""
+    what = f"{arm}, {NEXT} of {n:,}"
+    bench.clock.offset += DAY_SECONDS
+    job_id = new_job(bench, exports.first)
+    load, stdout = sync_command(bench, job_id, env, what)
+    run_id, counts = outcome(stdout, what)
+    _check(
+        (counts.get("read"), counts.get("inserted"), counts.get("updated")) == (n, n, 0),
+        f"{what}: {counts}, want read={n} inserted={n} updated=0",
+    )
+    check_published(
+        bench,
+        n=n,
+        run_id=run_id,
+        typed=arm == TYPED,
+        total=exports.first_total,
+        events=1,
+        what=what,
+    )
+    current = scalar(
+        bench.engine, "SELECT run_id FROM publications WHERE dataset = 'products' AND is_current"
+    )
+    _check(current == run_id, f"{what}: the published run is {current}, not {run_id}")
+    _check_fed(bench, run_id, sum(1 for i in range(n) if _is_changed(i)), what)
+    bench.server.exports.set(job_id, None)
+    bench.cloud.delete_job(job_id)
+    return _as(load, n, arm, NEXT)
+
+
+def _check_fed(bench: Bench, run_id: str, expected: int, what: str) -> None:
+    """The change feed of the run's publication names exactly the ``expected`` changed
+    entities."""
     fed = scalar(
         bench.engine,
         "SELECT count(DISTINCT entity_key) FROM datasets.products_changes WHERE run_id = :run "
         "AND kind = 'changed' AND revision = (SELECT revision FROM runs WHERE run_id = :run)",
         run=run_id,
     )
-    _check(fed == expected, f"{arm}, {CHANGED} of {n:,}: change feed names {fed}, want {expected}")
-    bench.server.exports.set(job_id, None)
-    bench.cloud.delete_job(job_id)
-    return loads
+    _check(fed == expected, f"{what}: change feed names {fed}, want {expected}")
 
 
 def _as(load: Load, n: int, arm: str, phase: str) -> Load:

@@ -14,7 +14,12 @@ loopback by this (the driver) process (``bench/exports.py``; the rest of Cloud i
   and prints ``run ...: published (...)``. Once with no ``[columns]`` table (every field a text
   column) and once with every field typed (``price`` numeric), each from a fresh schema; then,
   per arm, Cloud's "Continue" of the job with the last 10 of every 100 records changed, synced
-  by the same command (no ``--force``: the job's fingerprint moved).
+  by the same command (no ``--force``: the job's fingerprint moved); then the next day's job of
+  the sitemap (Cloud's clock a day on: the dataset's next daily window, a new run) whose export
+  is the first one again, so that a tenth of its entities differ from the published table. That
+  is the sync a daily scrape waits for every day after its first: a whole run imported, judged,
+  and published against the table of the day before. Its peer is dlt's merge of the changed
+  export (dlt has no runs: merging an export into its table is the same work either way).
 - **dlt**: ``bench/dlt_load.py`` run by ``bench/.venv-dlt`` (created on first use; dlt is no
   dependency of scrapesync): the same export over HTTP, parsed from JSON Lines, loaded with
   ``write_disposition="merge"`` and primary key ``sku`` (``price`` a decimal), then the
