@@ -171,18 +171,18 @@ def _drop_retired_indexes(session: Session, tables: DatasetTables) -> None:
 
 def _leave_room(session: Session, tables: DatasetTables) -> None:
     """Give a table made by an earlier release the fillfactor tables are made with now (see
-    ``CURRENT_FILLFACTOR``), on PostgreSQL. Pages written from now on keep the room; the pages
-    already full get it as a publication moves their rows."""
+    ``CURRENT_FILLFACTOR``), on PostgreSQL, unless it has a fillfactor of its own (an
+    operator's choice stands). Pages written from now on keep the room; the pages already full
+    get it as a publication moves their rows."""
     if dataset_schema.dialect_of(session) != "postgresql":
         return
     target = target_name(session, tables.current)
-    option = f"fillfactor={CURRENT_FILLFACTOR}"
     held = session.execute(
         text("SELECT reloptions FROM pg_class WHERE oid = CAST(:table AS regclass)"),
         {"table": target},
     ).scalar_one()
-    if option not in (held or []):
-        session.execute(text(f"ALTER TABLE {target} SET ({option})"))
+    if not any(option.startswith("fillfactor=") for option in held or ()):
+        session.execute(text(f"ALTER TABLE {target} SET (fillfactor={CURRENT_FILLFACTOR})"))
 
 
 def _swap(session: Session, tables: DatasetTables, name: str) -> None:
