@@ -2,11 +2,11 @@
 
 Each load of a size is set beside the floor (the raw COPY of the same export) and the peer (dlt's
 load of the same phase; for the next day's run, dlt's merge of the changed export): a ratio of
-rates above 1 means faster than it. The targets are the
-issue's: at 100k records, scrapesync end to end (with and without a ``[columns]`` table) at
-0.25x the raw COPY's rate or more and at 3x dlt's merge rate or more; a 10%-changed sync in 0.4x
-the first sync's time or less; the scrapesync process's peak RSS at 1M records at most 1.5x
-that at 10k.
+rates above 1 means faster than it. The targets are the issue's: at 100k records, scrapesync end
+to end (with and without a ``[columns]`` table) at 0.25x the raw COPY's rate or more and at 3x
+dlt's merge rate or more; a 10%-changed sync in 0.4x the first sync's time or less; the
+scrapesync process's peak RSS at 1M records at most 1.5x that at 10k. The next day's run has no
+target of its own: it is shown beside the first sync's time.
 """
 
 from __future__ import annotations
