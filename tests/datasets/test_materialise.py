@@ -444,6 +444,9 @@ def test_a_first_publication_reads_every_value_as_the_casts_do(
         {"title": "…", "price": 7, "stock": "9" * 19, "tags": ["a"]},
         {"title": ["x"], "price": "007.10", "stock": "-0042", "tags": {}},
         {"title": "ok", "price": "1e3", "stock": True, "tags": "x"},
+        {"title": "-", "price": "1", "stock": "2"},
+        {"title": "~\u00a0", "price": "1.0"},
+        {"title": " \u3000 "},
         {},
     ]
     if services.uow.engine.dialect.name == "postgresql":  # the bounds of the database's path
