@@ -16,9 +16,17 @@ from sync.casts import cast
 
 def is_consent_page(record: Mapping[str, Any], markers: Sequence[str]) -> bool:
     """Whether any text field of a record carries a consent or bot-wall marker."""
+    return _carries_marker([v for v in record.values() if isinstance(v, str)], markers)
+
+
+def _carries_marker(texts: list[str], markers: Sequence[str]) -> bool:
+    """Whether any of ``texts`` carries one of ``markers`` (lower case)."""
     # one lowered text per record, each field apart (no marker holds the NUL between them)
-    text = "\x00".join([v for v in record.values() if isinstance(v, str)]).lower()
-    return any(marker in text for marker in markers)
+    text = "\x00".join(texts).lower()
+    for marker in markers:  # noqa: SIM110 - a plain loop: half the steps of any() over a generator
+        if marker in text:
+            return True
+    return False
 
 
 def is_empty_shell(record: Mapping[str, Any], identity_fields: Sequence[str]) -> bool:
@@ -26,13 +34,6 @@ def is_empty_shell(record: Mapping[str, Any], identity_fields: Sequence[str]) ->
     its frame but no data)."""
     content = [k for k in record if k not in identity_fields]
     return bool(content) and not any(is_filled(record[k]) for k in content)
-
-
-def _filled(value: Any) -> bool:
-    """:func:`is_filled`, its commonest cases first (a record's values are mostly text)."""
-    if type(value) is str:
-        return bool(value.strip())
-    return is_filled(value)
 
 
 def tally_record(
@@ -50,8 +51,16 @@ def tally_record(
     content = content_filled = False
     full: list[str] = []
     empty: list[str] = []
+    texts: list[str] = []  # for the consent check, in the record's order
     for name, value in record.items():
-        if _filled(value):
+        if type(value) is str:  # the commonest case: :func:`is_filled` without its dispatch
+            texts.append(value)
+            has = bool(value.strip())
+        else:
+            if isinstance(value, str):
+                texts.append(value)
+            has = is_filled(value)
+        if has:
             full.append(name)
             filled[name] = filled.get(name, 0) + 1
             if name not in identity:
@@ -64,13 +73,12 @@ def tally_record(
                 content = True
     clean = True
     for name in rules.required:
-        if not _filled(record.get(name)):
+        if name not in full:  # missing, or empty
             tally.missing[name] = tally.missing.get(name, 0) + 1
             clean = False
     unparsable: set[str] = set()
     for name, parser in rules.parsers.items():
-        value = record.get(name)
-        if _filled(value) and not PARSERS[parser](value):
+        if name in full and not PARSERS[parser](value := record[name]):
             unparsable.add(name)
             tally.unparsable[name] = tally.unparsable.get(name, 0) + 1
             tally.note(f"unparsable:{name}", value)
@@ -82,7 +90,7 @@ def tally_record(
             clean = False
             tally.unparsable[column.field] = tally.unparsable.get(column.field, 0) + 1
             tally.note(f"unparsable:{column.field}", value)
-    if rules.consent_markers and is_consent_page(record, rules.consent_markers):
+    if rules.consent_markers and _carries_marker(texts, rules.consent_markers):
         tally.consent_pages += 1
         title = record.get("title")
         tally.note("consent", title if is_filled(title) else dict(record))
