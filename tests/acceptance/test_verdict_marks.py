@@ -237,3 +237,34 @@ def test_a_run_that_takes_the_pointer_after_a_continue_is_published_whole(
     assert "FROM obs_pending" in marks[0]  # the verdict marked the new rows alone
     assert len(searches) == 1
     assert "obs_pending" not in searches[0]
+
+
+def test_a_verdict_reads_each_page_of_the_run_once_whatever_the_statistics_say(
+    services: Services, cloud: CloudState
+) -> None:
+    """The planner's statistics are taken before a run is written, so a first run can look like
+    a few rows; walked through the run's index, the verdict's pass would visit every page of the
+    run once per partition (a partition's rows lie all over the run). It reads the run in page
+    order: a bitmap of the run's pages, or the table."""
+    with services.uow.begin() as session:
+        session.execute(text("ANALYZE observations"))  # as before a sync: nothing of the run
+    job_id = finished_job(cloud, product_records(120))
+    sync_offline(services, job_id)
+    plans: list[str] = []
+
+    def explain(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
+        if " ".join(statement.split()).startswith("UPDATE observations SET validation_state"):
+            with cursor.connection.cursor() as plan:  # in the statement's transaction
+                plan.execute("EXPLAIN " + statement, parameters)
+                plans.append("\n".join(row[0] for row in plan.fetchall()))
+
+    event.listen(services.uow.engine, "before_cursor_execute", explain)
+    try:
+        assert _evaluate(services, run_id_of(job_id)) == "published"
+    finally:
+        event.remove(services.uow.engine, "before_cursor_execute", explain)
+
+    assert len(plans) == 1
+    assert "Index Scan using" not in plans[0], plans[0]  # the index walked partition by partition
+    assert "Bitmap Heap Scan on observations" in plans[0] or "Seq Scan" in plans[0], plans[0]
+    assert _states(services, run_id_of(job_id)) == Counter({(r, "valid"): 30 for r in RETAILERS})
