@@ -14,11 +14,6 @@ from sync.acceptance.parsers import PARSERS, is_filled
 from sync.casts import cast
 
 
-def is_consent_page(record: Mapping[str, Any], markers: Sequence[str]) -> bool:
-    """Whether any text field of a record carries a consent or bot-wall marker."""
-    return _carries_marker([v for v in record.values() if isinstance(v, str)], markers)
-
-
 def _carries_marker(texts: list[str], markers: Sequence[str]) -> bool:
     """Whether any of ``texts`` carries one of ``markers`` (lower case)."""
     # one lowered text per record, each field apart (no marker holds the NUL between them)

@@ -20,7 +20,7 @@ from sync.states import ValidationState
 log = logs.get("staging")
 
 _NO_DIGEST = bytes(1 + DIGEST_SIZE)
-SPOOL_BUFFER = 1 << 20
+_SPOOL_BUFFER = 1 << 20
 _DIRECT = f"COPY observations ({WRITTEN_COLUMNS}, shape) FROM STDIN"
 
 
@@ -44,7 +44,7 @@ class DirectCopy:
         self._copying: AbstractContextManager[psycopg.Copy] | None = self._cursor.copy(_DIRECT)
         self._copy = self._copying.__enter__()
         # written in large pieces: a default-sized buffer costs a system call every dozen rows
-        self.spool: IO[bytes] = tempfile.TemporaryFile(buffering=SPOOL_BUFFER)  # noqa: SIM115 - closed by the stager
+        self.spool: IO[bytes] = tempfile.TemporaryFile(buffering=_SPOOL_BUFFER)  # noqa: SIM115 - closed by the stager
         self.rows = 0
         self._failed: str | None = None  # why the server refused the copy before its end
 
