@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -53,3 +54,10 @@ def run() -> None:
             raise
         failure.show()
         sys.exit(failure.exit_code)
+    finally:
+        # The command is done and its output written. On its way out the interpreter collects
+        # every object still alive, generation by generation: after a sync of 100,000 records
+        # that was 0.3 s of the command's time for memory the process returns whole anyway.
+        # Frozen objects are left out of those collections (the worker's work horse ends with
+        # os._exit, which skips them too). Exit handlers and stream flushing run as before.
+        gc.freeze()
