@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import IO, cast
@@ -21,6 +22,9 @@ log = logs.get("staging")
 
 _NO_DIGEST = bytes(1 + DIGEST_SIZE)
 _SPOOL_BUFFER = 1 << 20
+# the most (partition, shape) groups a copy counts for its run's first evaluation: records that
+# differ that much are counted by the database instead (see sync.runs.shapes)
+MAX_GROUPS = 1000
 _DIRECT = f"COPY observations ({WRITTEN_COLUMNS}, shape) FROM STDIN"
 
 
@@ -46,6 +50,8 @@ class DirectCopy:
         # written in large pieces: a default-sized buffer costs a system call every dozen rows
         self.spool: IO[bytes] = tempfile.TemporaryFile(buffering=_SPOOL_BUFFER)  # noqa: SIM115 - closed by the stager
         self.rows = 0
+        # the rows copied per (partition, shape), while they are few (None: too many)
+        self.groups: Counter[tuple[str | None, str | None]] | None = Counter()
         self._failed: str | None = None  # why the server refused the copy before its end
 
     def add(self, staged: Identified, line_digest: bytes | None, shape: str | None) -> None:
@@ -53,6 +59,11 @@ class DirectCopy:
         record staged again from the spool is read again by its evaluation)."""
         observation_key, entity_key, partition, start_url, payload, payload_hash = staged
         s = self._source
+        groups = self.groups
+        if groups is not None:
+            groups[partition, shape] += 1
+            if len(groups) > MAX_GROUPS:
+                self.groups = None
         if not self._failed:
             try:
                 self._copy.write_row(

@@ -5,6 +5,7 @@ downloads for the merge into observations (see :mod:`sync.ingest.staging`)."""
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -45,12 +46,21 @@ class Staged:
     source: staging.Source
     read: records.ExportRead
     digest: repeat.ExportDigest
+    empty_at: int | None = None  # the run's data version when the import found it empty
 
     def merge(self, now: datetime) -> Imported:
         """Merge the staged records, stamped ``now``."""
         counts = self.stager.merge(self.source, now=now)
         invalid = self.read.invalid
         return Imported(counts, self.read, invalid.count, invalid.as_detail(), self.digest)
+
+    def only_rows(self, version: int) -> Counter[tuple[str | None, str | None]] | None:
+        """The rows this import wrote per (partition, shape), when they are the run's only
+        rows at the data version its commit counted up to: copied straight into a run found
+        empty at the version before, and counted as they went."""
+        if self.empty_at is None or version != self.empty_at + 1:
+            return None
+        return self.stager.copied_groups
 
 
 def read_export(
@@ -120,7 +130,7 @@ def _stage(
         attempt_id=lease.attempt_id,
         now=services.clock(),
     )
-    keys_first = staging.stages_keys_first(session, target.run_id)
+    keys_first, empty_at = staging.empty_run_version(session, target.run_id)
     known = LineDigests(rules)  # every line is parsed, and digested to be stored, but:
     if keys_first and not target.frozen_partitions:
         # lines a row of the run was written from are known unchanged without parsing
@@ -150,4 +160,4 @@ def _stage(
     except BaseException as exc:
         stager.abort(exc)
         raise
-    return Staged(stager, source, read, digest)
+    return Staged(stager, source, read, digest, empty_at)

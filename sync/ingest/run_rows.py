@@ -4,6 +4,7 @@ it. Functions take a session and never commit."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -83,6 +84,19 @@ def count_import(session: Session, run_id: str) -> int:
             .returning(Run.data_version)
         ).scalar_one()
     )
+
+
+def keep_import_tally(
+    session: Session, run_id: str, version: int, groups: Mapping[tuple[str | None, str | None], int]
+) -> None:
+    """Keep with the run what its only rows are at ``version`` (the import that wrote them
+    just counted the run up to it): how many per partition and record shape. The run's first
+    evaluation counts them from here instead of passing over the run (:mod:`sync.runs.shapes`)."""
+    tally = {
+        "version": version,
+        "groups": [[partition, shape, n] for (partition, shape), n in groups.items()],
+    }
+    session.execute(update(Run).where(Run.run_id == run_id).values(import_tally=tally))
 
 
 def evaluation_suffix(data_version: int) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import tempfile
 from array import array
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -46,6 +47,25 @@ _STAGING = (
     "payload_hash text, entity_key text, partition text, start_url text, payload text, "
     "line_digest {binary})"
 )
+
+
+def empty_run_version(session: Session, run_id: str) -> tuple[bool, int | None]:
+    """Whether a stager of the run stages keys first (as :func:`stages_keys_first` says) and,
+    when it does not on PostgreSQL, the run's data version read in the same snapshot as the
+    absence of its rows (1 for a run not recorded yet: its first import counts up from there).
+    An import that then counts the version up by exactly one wrote the run's only rows: any
+    other import committed meanwhile would have counted it up first."""
+    conn = session.connection()
+    if conn.dialect.name != "postgresql":
+        return False, None
+    has_rows, version = conn.execute(
+        text(
+            "SELECT EXISTS (SELECT 1 FROM observations WHERE run_id = :run_id), "
+            "(SELECT data_version FROM runs WHERE run_id = :run_id)"
+        ),
+        {"run_id": run_id},
+    ).one()
+    return bool(has_rows), None if has_rows else (version if version is not None else 1)
 
 
 def stages_keys_first(session: Session, run_id: str) -> bool:
@@ -122,6 +142,8 @@ class ObservationStager:
         self._spooled = 0
         self._direct: DirectCopy | None = None
         self.copied: int | None = None  # rows copied straight in, once that copy went through
+        # and how many per (partition, shape), when the copy could count them
+        self.copied_groups: Counter[tuple[str | None, str | None]] | None = None
         if self.postgres and not self.keys_first and source is not None:
             self._direct = DirectCopy(self.conn, source)
         self._early: EarlyMerge | None = None
@@ -220,6 +242,9 @@ class ObservationStager:
             try:
                 if direct.finish():
                     self.copied = direct.rows
+                    groups = direct.groups
+                    if groups is not None and sum(groups.values()) == direct.rows:
+                        self.copied_groups = groups
                 else:
                     self._restage(direct)
             finally:

@@ -261,6 +261,9 @@ def _import(
         services.killpoints.reached("mid-upsert")
         state = store.commit_task(session, lease, run_id=target.run_id, now=now)
         version = run_rows.count_import(session, target.run_id)
+        only = found.only_rows(version) if isinstance(found, job_export.Staged) else None
+        if only is not None:
+            run_rows.keep_import_tally(session, target.run_id, version, only)
         if fingerprint is not None:
             _record_fingerprint(session, lease, fingerprint)
         _finish_import(session, lease, job, target, imported, now=now)

@@ -47,6 +47,11 @@ class Run(Base):
     # counted up by each committed import of the run; the version its last verdict judged
     data_version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     evaluated_version: Mapped[int | None] = mapped_column(Integer)
+    # what a first sync copied straight in wrote, per partition and record shape, with the data
+    # version its commit made: {"version": v, "groups": [[partition, shape, rows], ...]}
+    # (sync.ingest.run_rows writes it, sync.runs.shapes trusts it while v is the run's version
+    # and no verdict has marked its rows)
+    import_tally: Mapped[dict[str, Any] | None]
     evaluated_at: Mapped[datetime | None]
     accepted_at: Mapped[datetime | None]
     published_at: Mapped[datetime | None]

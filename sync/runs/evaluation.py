@@ -47,7 +47,7 @@ from sync.cloud.errors import CloudError
 from sync.datasets import schema
 from sync.models import PartitionVerdict, Run, ScrapingJob
 from sync.queue import evaluation_job_id
-from sync.runs import diagnosis, evidence, publication, quarantine, verdict_rows
+from sync.runs import diagnosis, evidence, publication, quarantine, shapes, verdict_rows
 from sync.runs.shapes import PENDING, RowStates
 from sync.states import Decision, EvaluationOutcome, EventType, PartitionState, RunState
 
@@ -133,7 +133,7 @@ def _evaluate(services: Services, run_id: str) -> Evaluation:
     errors = _refresh_cloud_facts(services, run_id)
     for attempt in range(1, CONFLICT_RETRIES + 1):
         try:
-            result = _decide(services, run_id, errors)
+            result = _decide(services, run_id, errors, retry=attempt > 1)
             break
         except (OperationalError, IntegrityError) as exc:
             if attempt == CONFLICT_RETRIES or not _is_conflict(exc):
@@ -235,7 +235,10 @@ def _refresh_cloud_facts(services: Services, run_id: str) -> dict[int, str]:
     return errors
 
 
-def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evaluation:
+def _decide(
+    services: Services, run_id: str, errors: Mapping[int, str], *, retry: bool = False
+) -> Evaluation:
+    """Judge the run and write its verdict (``retry``: after a write to its rows got in the way)."""
     with services.uow.begin() as session:
         if services.uow.dialect == "postgresql":
             session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
@@ -268,8 +271,10 @@ def _decide(services: Services, run_id: str, errors: Mapping[int, str]) -> Evalu
                 reasons=(waiting.as_dict(),),
             )
         # a run judged before keeps the ids of the rows written since, for its verdict to mark
+        # the rows one import copied straight in are counted from its tally (not on a retry)
+        imported = None if retry else shapes.import_groups(run)
         tallies, states = evidence.tally(
-            session, run_id, dataset, keep_pending=run.evaluated_at is not None
+            session, run_id, dataset, keep_pending=run.evaluated_at is not None, imported=imported
         )
         services.killpoints.reached("mid-evaluation")
         judgement = judge(

@@ -9,7 +9,7 @@ same facts, so a re-judgement sees exactly what the evaluator saw.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from sqlalchemy import func, select
@@ -162,12 +162,16 @@ def tally(
     *,
     keep: bool = True,
     keep_pending: bool = False,
+    imported: Sequence[tuple[str | None, str | None, int]] | None = None,
 ) -> tuple[dict[str, PartitionTally], shapes.RowStates]:
     """The run's records tallied per partition under the record rules, reading again only those
     not judged before (:mod:`sync.runs.shapes`; ``keep`` false writes no shape); also count its
     rows by validation state (``keep_pending``: and keep the ids of those rewritten since the
-    last verdict)."""
-    return shapes.tally(session, run_id, dataset, keep=keep, keep_pending=keep_pending)
+    last verdict; ``imported``: the counts of the import that wrote every row, as
+    :func:`shapes.import_groups` gives them, read instead of the run)."""
+    return shapes.tally(
+        session, run_id, dataset, keep=keep, keep_pending=keep_pending, imported=imported
+    )
 
 
 def accepted_history(session: Session, run: Run, *, limit: int) -> list[Profile]:

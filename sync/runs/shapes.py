@@ -35,7 +35,7 @@ from config.datasets import Dataset
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
 from sync.acceptance.records import add_shape, tally_record
 from sync.db import planner_method_off
-from sync.models import Observation
+from sync.models import Observation, Run
 from sync.states import ValidationState
 
 BATCH = 5000  # rows read, and shapes staged, at a time
@@ -92,18 +92,28 @@ def tally(
     *,
     keep: bool = True,
     keep_pending: bool = False,
+    imported: Sequence[tuple[str | None, str | None, int]] | None = None,
 ) -> tuple[dict[str, PartitionTally], RowStates]:
     """The run's records tallied per partition under the dataset's record rules, and its rows
     counted by validation state. With ``keep``, the shapes of the records read are staged for
     :func:`apply`; without, nothing is written (a read-only re-judgement). With
     ``keep_pending`` (PostgreSQL), the same pass over the run keeps the ids of the rows written
-    since the last verdict, so that the verdict can mark them alone."""
+    since the last verdict, so that the verdict can mark them alone. ``imported``: the run's
+    rows per partition and stored shape, all pending, as :func:`import_groups` gives them;
+    they are counted instead of the run (not with ``keep_pending``, which needs the ids)."""
     rules = RecordRules.of(dataset)
     prefix = rules.fingerprint + "|"
     tallies: dict[str, PartitionTally] = {}
     states = RowStates()
     keep_pending = keep_pending and session.connection().dialect.name == "postgresql"
-    groups = _groups(session, run_id, prefix, keep_pending=keep_pending)
+    if imported is not None and not keep_pending:
+        # (partition, shape under the rules in force, rows, pending, valid, quarantined)
+        groups: Sequence[Any] = [
+            (p, s if s is not None and s.startswith(prefix) else None, n, n, 0, 0)
+            for p, s, n in imported
+        ]
+    else:
+        groups = _groups(session, run_id, prefix, keep_pending=keep_pending)
     states.ids_kept = keep_pending
     unjudged = 0
     for partition, found, records, pending, valid, quarantined in groups:
@@ -137,6 +147,19 @@ def tally(
         stage.flush(final=True)
         session.info[STAGED] = True
     return tallies, states
+
+
+def import_groups(run: Run) -> list[tuple[str | None, str | None, int]] | None:
+    """The run's rows per partition and stored shape as the import that wrote them counted
+    them (``runs.import_tally``, see :func:`sync.ingest.run_rows.keep_import_tally`), when
+    they are the run's rows as this evaluation reads the run: that import's commit made the
+    data version the run holds in this snapshot (a later import counts it up again, and is
+    counted in the run), and no verdict has marked or reshaped a row since (one that did
+    recorded the version it judged)."""
+    kept = run.import_tally
+    if not kept or run.evaluated_version is not None or kept.get("version") != run.data_version:
+        return None
+    return [(partition, shape, int(n)) for partition, shape, n in kept["groups"]]
 
 
 def _states(column: Any) -> list[Any]:

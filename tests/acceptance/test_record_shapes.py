@@ -15,7 +15,7 @@ from simulator import CloudState
 from sync.acceptance.facts import PartitionTally, RecordRules
 from sync.acceptance.records import tally_records
 from sync.bootstrap import Services
-from sync.models import Observation
+from sync.models import Observation, Run
 from sync.queue import RecordingDispatcher
 from sync.runs import evaluation, shapes
 from tests.acceptance.flow import (
@@ -219,3 +219,141 @@ def test_a_number_the_database_would_give_back_otherwise_leaves_the_record_unsha
         assert _shape(scratch, {"sku": "a", "price": value}, rules) is None, value
     for value in (12.5, 3.0, 3, 0.001):
         assert _shape(scratch, {"sku": "a", "price": value}, rules) is not None, value
+
+
+@pytest.fixture
+def tallied(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, dict[str, PartitionTally]]]:
+    """Each tally an evaluation makes: whether it counted the import's rows instead of the
+    run (``imported`` given), and what it found."""
+    made: list[tuple[bool, dict[str, PartitionTally]]] = []
+    real = shapes.tally
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        tallies, states = real(*args, **kwargs)
+        made.append((kwargs.get("imported") is not None, tallies))
+        return tallies, states
+
+    monkeypatch.setattr(shapes, "tally", recording)
+    return made
+
+
+def _groups_of_run(statements: list[str]) -> list[str]:
+    """The statements that count the run's rows per partition and shape."""
+    return [s for s in statements if "FROM observations" in s and "GROUP BY" in s]
+
+
+@pytest.fixture
+def statements(services: Services) -> Any:
+    """Every statement the database is sent meanwhile."""
+    from sqlalchemy import event
+
+    sent: list[str] = []
+
+    def note(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        sent.append(statement)
+
+    event.listen(services.uow.engine, "before_cursor_execute", note)
+    yield sent
+    event.remove(services.uow.engine, "before_cursor_execute", note)
+
+
+@pytest.mark.postgres
+def test_a_first_evaluation_counts_the_rows_its_import_copied_instead_of_the_run(
+    services: Services,
+    cloud: CloudState,
+    read_back: list[dict[str, Any]],
+    tallied: list[tuple[bool, dict[str, PartitionTally]]],
+    statements: list[str],
+) -> None:
+    """A run's first sync copied straight in keeps how many rows it wrote per partition and
+    shape, with the data version its commit made. The run's first evaluation counts those
+    instead of passing over the run, reads back only the records with a defect, and finds the
+    tallies and the verdict that reading the whole run gives."""
+    records = _records()
+    job_id = finished_job(cloud, records)
+    run_id = run_id_of(job_id)
+    sync_offline(services, job_id)
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        assert run.import_tally is not None
+        assert run.import_tally["version"] == run.data_version
+        assert sum(n for _, _, n in run.import_tally["groups"]) == len(records)
+    statements.clear()
+    assert _evaluate(services, run_id) == "rejected"  # a consent page, a shell...
+    assert [imported for imported, _ in tallied] == [True]
+    assert _groups_of_run(statements) == []
+    defective = sorted(records[i]["sku"] for i in (CONSENT, UNPARSABLE, MISSING, SHELL))
+    assert sorted(r["sku"] for r in read_back) == defective
+    assert _comparable(tallied[0][1]) == _comparable(_as_read(services, run_id))
+
+
+@pytest.mark.postgres
+def test_an_import_committed_before_the_first_evaluation_makes_it_count_the_run(
+    services: Services,
+    cloud: CloudState,
+    tallied: list[tuple[bool, dict[str, PartitionTally]]],
+    statements: list[str],
+) -> None:
+    """A "Continue" synced before the run was first judged counts the data version up past the
+    one the first import's tally was kept for: the evaluation counts the run, both imports'
+    rows, as reading it whole does; and once a verdict has marked the rows, the tally is never
+    read again, even when nothing was imported since (a forced evaluation)."""
+    records = product_records(20)
+    job_id = finished_job(cloud, records)
+    run_id = run_id_of(job_id)
+    sync_offline(services, job_id)
+    changed = [dict(r) for r in records]
+    changed[3]["title"] = "Are you a robot?"  # a consent page the first import did not hold
+    changed += product_records(2, start=900)
+    cloud.continue_job(job_id)
+    cloud.run_job(job_id, records=changed)
+    sync_offline(services, job_id)
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        assert run.import_tally is not None
+        assert run.import_tally["version"] == run.data_version - 1
+    statements.clear()
+    assert _evaluate(services, run_id) == "rejected"  # the consent page
+    assert [imported for imported, _ in tallied] == [False]
+    assert len(_groups_of_run(statements)) == 1
+    whole = _as_read(services, run_id)
+    assert sum(t.records for t in whole.values()) == 22
+    assert _comparable(tallied[0][1]) == _comparable(whole)
+
+
+@pytest.mark.postgres
+def test_an_import_that_found_the_run_empty_keeps_no_tally_when_another_committed_first(
+    services: Services,
+) -> None:
+    """Two first syncs of one run at once (two jobs of a window) both find it empty. The one
+    whose commit counts the run's data version up by more than one (the other committed in
+    between) knows its rows are not the run's only rows, and keeps no tally; the one that
+    commits first does, for the version it made, which the other's commit then moves past."""
+    from collections import Counter
+
+    from sync.ingest import run_rows, staging
+    from sync.ingest.job_export import Staged
+
+    run_id = "products-two-jobs"
+    with services.uow.begin() as session:
+        session.add(Run(run_id=run_id, dataset="products", collection_window="two-jobs"))
+        session.commit()
+    first, second = services.uow.begin(), services.uow.begin()
+    with first as one, second as other:
+        found_one = staging.empty_run_version(one, run_id)
+        found_other = staging.empty_run_version(other, run_id)
+        assert found_one == found_other == (False, 1)
+        counted = Counter({("alpha.example", "shape"): 3})
+
+        class Copied:
+            copied_groups = counted
+
+        def staged(empty_at: int | None) -> Staged:
+            return Staged(Copied(), None, None, None, empty_at)  # type: ignore[arg-type]
+
+        assert staged(found_other[1]).only_rows(run_rows.count_import(other, run_id)) == counted
+        other.commit()
+        assert staged(found_one[1]).only_rows(run_rows.count_import(one, run_id)) is None
+        one.commit()
