@@ -71,13 +71,7 @@ def empty_run_version(session: Session, run_id: str) -> tuple[bool, int | None]:
 def stages_keys_first(session: Session, run_id: str) -> bool:
     """Whether a stager of the run stages keys first: on PostgreSQL, when the run holds
     observations already (see :class:`ObservationStager`)."""
-    conn = session.connection()
-    return conn.dialect.name == "postgresql" and bool(
-        conn.execute(
-            text("SELECT EXISTS (SELECT 1 FROM observations WHERE run_id = :run_id)"),
-            {"run_id": run_id},
-        ).scalar_one()
-    )
+    return empty_run_version(session, run_id)[0]
 
 
 class ObservationStager:

@@ -18,7 +18,15 @@ The same statement counts the run's rows per partition by validation state. Of a
 before, it also keeps the ids of the rows written since (``pending``) in a temporary table: when
 the counts show that no other row changes state under the new verdict, the verdict marks those
 rows alone, each by its id (:func:`mark_pending`), instead of a pass over the whole run; and the
-counts tell the publication how many rows are valid, without counting them again."""
+counts tell the publication how many rows are valid, without counting them again.
+
+A run whose only rows one first sync copied straight in needs no pass at all before its first
+verdict: that import counted the rows it copied per partition and shape, and kept the counts
+with the run (``runs.import_tally``) with the data version its commit made, when that commit
+counted the version up by one from the version at which it found the run empty (no other import
+committed in between). The evaluation counts those instead (:func:`import_groups`) while the run
+holds that version and no verdict has marked its rows; the rows without a shape are still read
+back."""
 
 from __future__ import annotations
 
