@@ -12,7 +12,8 @@ from decimal import Decimal
 from typing import Any, cast
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import event, func, select, text
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from config.columns import Column
@@ -20,6 +21,7 @@ from config.datasets import Dataset
 from sync.bootstrap import Services
 from sync.casts import cast_record
 from sync.datasets import first_publication, materialise, schema
+from sync.datasets.rows import target_name
 from sync.identity import observation_key
 from sync.models import Observation, PartitionVerdict, Publication, Run
 from sync.runs import publication
@@ -483,6 +485,136 @@ def test_a_first_publication_reads_every_value_as_the_casts_do(
         counts = session.execute(select(Publication.changes)).scalar_one()
     assert counts["baseline"] is True
     assert counts["added"] == len(found)
+
+
+def _target(services: Services) -> str:
+    """The dataset's table, as SQL names it."""
+    with services.uow.begin() as session:
+        return target_name(session, tables(services).current)
+
+
+def _key_of(services: Services) -> tuple[str, str] | None:
+    """The dataset table's primary key: its name and definition."""
+    target = _target(services)
+    with services.uow.begin() as session:
+        found = session.execute(
+            text(
+                "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+                "WHERE conrelid = CAST(:t AS regclass) AND contype = 'p'"
+            ),
+            {"t": target},
+        ).one_or_none()
+    return None if found is None else (found[0], found[1])
+
+
+def _statements(services: Services) -> tuple[list[str], Any]:
+    """Every statement the services' engine sends, and the listener to remove."""
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(" ".join(statement.split()))
+
+    event.listen(services.uow.engine, "before_cursor_execute", record)
+    return sent, record
+
+
+@pytest.mark.postgres
+def test_a_first_publication_builds_the_tables_key_after_its_rows_and_keeps_it(
+    services: Services,
+) -> None:
+    """A first publication writes its rows with the table's primary key set aside and builds
+    the key from them after: the table ends with the same key, enforced, and every row; the
+    transaction's other statements wait for locks as long as they did before."""
+    dataset = products(services)
+    schema.ensure_tables(services.uow, dataset, services.settings.data_schema)
+    key = _key_of(services)
+    assert key is not None
+    assert key[1] == "PRIMARY KEY (entity_key)"
+    timeouts: list[str] = []
+    real = first_publication.copy_plain_rows
+
+    def copying(session: Session, *args: Any, **kwargs: Any) -> int:
+        session.execute(text("SET LOCAL lock_timeout = '7s'"))  # as a column being added sets it
+        copied = real(session, *args, **kwargs)
+        timeouts.append(session.execute(text("SHOW lock_timeout")).scalar_one())
+        return copied
+
+    sent, record = _statements(services)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(first_publication, "copy_plain_rows", copying)
+        try:
+            publish(services, dataset, 0, records(300))
+        finally:
+            event.remove(services.uow.engine, "before_cursor_execute", record)
+
+    assert any(f"DROP CONSTRAINT {key[0]}" in s for s in sent)  # set aside while rows went in
+    assert timeouts == ["7s"]
+    assert _key_of(services) == key
+    assert len(current_rows(services)) == 300
+    target = tables(services).current
+    row = dict(current_rows(services)["S00001"])
+    with pytest.raises(IntegrityError), services.uow.begin() as session:  # the key is enforced
+        session.execute(target.insert().values(**row))
+    assert_rows_are_open_stretches(services)
+
+
+@pytest.mark.postgres
+def test_a_reader_holding_a_new_table_leaves_its_key_in_place_and_its_rows_go_in(
+    services: Services,
+) -> None:
+    """A reader that holds the dataset's (empty) table does not stop its first publication: the
+    key stays where it is, the rows are written beside it, and the reader still reads."""
+    dataset = products(services)
+    schema.ensure_tables(services.uow, dataset, services.settings.data_schema)
+    key = _key_of(services)
+    assert key is not None
+    target = _target(services)
+    with services.uow.engine.connect() as reader:
+        assert reader.execute(text(f"SELECT count(*) FROM {target}")).scalar_one() == 0  # noqa: S608
+        sent, record = _statements(services)
+        try:
+            publish(services, dataset, 0, records(300))
+        finally:
+            event.remove(services.uow.engine, "before_cursor_execute", record)
+        # the publication did not wait for the reader, who reads its rows once it commits
+        assert reader.execute(text(f"SELECT count(*) FROM {target}")).scalar_one() == 300  # noqa: S608
+        reader.rollback()
+
+    assert any(f"DROP CONSTRAINT {key[0]}" in s for s in sent)  # it asked
+    assert not any("ADD CONSTRAINT" in s for s in sent)  # and left the key where it was
+    assert _key_of(services) == key
+    assert len(current_rows(services)) == 300
+    assert_rows_are_open_stretches(services)
+
+
+@pytest.mark.postgres
+def test_a_users_foreign_key_to_a_new_table_keeps_its_key_and_the_rows_go_in(
+    services: Services,
+) -> None:
+    """A table of the user's whose foreign key refers to the dataset's (empty) table keeps the
+    dataset's key from being set aside: the first publication writes its rows beside it."""
+    dataset = products(services)
+    schema.ensure_tables(services.uow, dataset, services.settings.data_schema)
+    key = _key_of(services)
+    target = _target(services)
+    with services.uow.begin() as session:
+        session.execute(
+            text(f"CREATE TABLE user_notes (sku text REFERENCES {target} (entity_key))")
+        )
+        session.commit()
+    try:
+        publish(services, dataset, 0, records(300))
+        assert _key_of(services) == key
+        assert len(current_rows(services)) == 300
+        with services.uow.begin() as session:  # the user's key still holds
+            session.execute(text("INSERT INTO user_notes VALUES ('S00001')"))
+            session.commit()
+        with pytest.raises(IntegrityError), services.uow.begin() as session:
+            session.execute(text("INSERT INTO user_notes VALUES ('nowhere')"))
+    finally:
+        with services.uow.begin() as session:
+            session.execute(text("DROP TABLE user_notes"))
+            session.commit()
 
 
 @pytest.mark.postgres
