@@ -6,8 +6,11 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from config.datasets import Dataset, DatasetsFileError, Quality, parse_datasets
+from sync.acceptance import parsers
 from sync.acceptance.facts import (
     NO_PARTITION,
     SAMPLES,
@@ -96,6 +99,20 @@ def test_prices_in_the_usual_spellings_parse_as_numbers(value: object) -> None:
 def test_garbage_does_not_parse_as_a_number(value: object) -> None:
     """Words, markup, booleans, NaN and a bare currency are not prices."""
     assert not parses_as_number(value)
+
+
+@given(st.text(alphabet="0123456789.,+-$ \n\u0663\u00b2\u00a0E", max_size=12))
+@example("982.10")
+@example("12\n")
+@example("\u0663.\u0663")
+@example("\u00b2")
+@example("12.")
+@example(".5")
+def test_the_plain_number_shortcut_reads_every_text_as_the_full_reading_does(value: str) -> None:
+    """The shortcut for the commonest spelling ("982.10") reads every text as the full reading
+    does: the digits of any script that regular expressions call digits and no superscript, one
+    point with digits on both sides; the rest it leaves to the full reading."""
+    assert parses_as_number(value) == parsers._reads_as_number(value)
 
 
 def test_integers_urls_and_nonempty_values_have_their_own_parsers() -> None:
