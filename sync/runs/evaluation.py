@@ -139,13 +139,8 @@ def _evaluate(services: Services, run_id: str) -> Evaluation:
             if attempt == CONFLICT_RETRIES or not _is_conflict(exc):
                 raise
             log.info("evaluation.conflict", extra={"run_id": run_id, "attempt": attempt})
-    services.killpoints.reached("after-acceptance")
-    if result.state == RunState.REJECTED:
-        diagnosis.add_selectors(services, run_id)
-    for event_id in result.events:
-        services.dispatcher.delivery(event_id)
-    if result.events and services.datasets.alerts:
-        services.dispatcher.alerts(suffix=evaluation_job_id(run_id, f"r{result.revision}"))
+    # logged as soon as the verdict is committed: what follows talks to Redis and may fail or be
+    # killed, and the verdict stands (an evaluation after it finds the run unchanged)
     log.info(
         "run.evaluated",
         extra={
@@ -156,6 +151,13 @@ def _evaluate(services: Services, run_id: str) -> Evaluation:
             "events": list(result.events),
         },
     )
+    services.killpoints.reached("after-acceptance")
+    if result.state == RunState.REJECTED:
+        diagnosis.add_selectors(services, run_id)
+    for event_id in result.events:
+        services.dispatcher.delivery(event_id)
+    if result.events and services.datasets.alerts:
+        services.dispatcher.alerts(suffix=evaluation_job_id(run_id, f"r{result.revision}"))
     return result
 
 

@@ -3,9 +3,11 @@ run that nothing changed since its verdict."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 
 import pytest
+import redis
 from flask import Flask
 from sqlalchemy import text
 
@@ -110,3 +112,32 @@ def test_an_evaluation_of_a_run_judged_as_it_stands_reads_nothing_unless_forced(
     assert (again.outcome, again.state, tallies) == ("unchanged", "published", [])
     forced = evaluation.evaluate_run(offline, run_id, force=True)
     assert (forced.outcome, tallies) == ("unchanged", [run_id])
+
+
+class _RedisGone(RecordingDispatcher):
+    """A dispatcher whose Redis went away after the verdict was committed."""
+
+    def delivery(self, event_id: str, **kwargs: object) -> bool | None:
+        raise redis.exceptions.ConnectionError("Connection refused")
+
+
+def test_a_committed_verdict_is_logged_even_when_announcing_it_then_fails(
+    services: Services, cloud: CloudState, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ``run.evaluated`` line is written once the verdict is committed, before its events are
+    queued on Redis: when Redis fails there, the log still shows the judgement the run holds (and
+    the evaluation after it finds the run unchanged)."""
+    run_id = _synced_offline(services, cloud)
+    caplog.set_level(logging.INFO)
+    scrapesync = logging.getLogger("scrapesync")
+    scrapesync.addHandler(caplog.handler)  # it may not propagate once logs.configure() ran
+    try:
+        with pytest.raises(redis.exceptions.ConnectionError):
+            evaluation.evaluate_run(replace(services, dispatcher=_RedisGone()), run_id)
+    finally:
+        scrapesync.removeHandler(caplog.handler)
+    judged = [r for r in caplog.records if r.getMessage() == "run.evaluated"]
+    assert [(r.run_id, r.outcome) for r in judged] == [(run_id, "published")]  # type: ignore[attr-defined]
+    assert verdict(services, run_id).state == "published"
+    again = evaluation.evaluate_run(replace(services, dispatcher=RecordingDispatcher()), run_id)
+    assert again.outcome == "unchanged"
