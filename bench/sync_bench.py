@@ -361,7 +361,7 @@ def keep_earlier_windows(engine: Engine, windows: int) -> None:
     statistics autovacuum would have taken."""
     columns = (
         "dataset, entity_key, partition, start_url, payload, payload_hash, source_job_id, "
-        "source_attempt_id, validation_state, first_seen_at, last_changed_at"
+        "source_attempt_id, first_seen_at, last_changed_at"
     )
     with engine.begin() as conn:
         for w in range(1, windows + 1):

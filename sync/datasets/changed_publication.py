@@ -38,6 +38,7 @@ from sqlalchemy.sql.expression import TableClause
 
 from config.columns import Column
 from config.datasets import Dataset
+from sync.acceptance import row_states
 from sync.datasets.change_feed import Feed
 from sync.datasets.changes import ADDED, CHANGED, EntityChange, compare
 from sync.datasets.first_publication import PlainCasts, plain_casts
@@ -45,7 +46,6 @@ from sync.datasets.rows import target_name
 from sync.datasets.tables import DatasetTables
 from sync.db import local_setting, planner_method_off
 from sync.models import Observation, Run
-from sync.states import ValidationState
 
 SEEN = "pub_seen"  # the ids of the observations X lacks or holds otherwise (then: left to Python)
 ROWS = "pub_rows"  # of them, those written here: new and old values, dates, mode
@@ -140,10 +140,10 @@ def find_seen(
     pending again)."""
     session.execute(text(f"DROP TABLE IF EXISTS pg_temp.{SEEN}"))
     x = target_name(session, tables.current)
-    params = {"run_id": run_id, "valid": ValidationState.VALID.value}
+    params = {"run_id": run_id}
     lacking = (
         f"FROM {Observation.__tablename__} o LEFT JOIN {x} x ON x.entity_key = o.entity_key "
-        "WHERE o.run_id = :run_id AND o.validation_state = :valid "
+        f"WHERE {row_states.valid_sql()} "
         "AND (x.entity_key IS NULL OR x.payload_hash <> o.payload_hash)"
     )
     if pending_ids is None:

@@ -30,12 +30,13 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from config.columns import Column
+from sync.acceptance import row_states
 from sync.acceptance.facts import NO_PARTITION
 from sync.bootstrap import Services
 from sync.casts import cast_record, to_json
 from sync.datasets.columns import columns_of
 from sync.models import Observation, PartitionVerdict, Publication, Run
-from sync.states import PartitionState, RunState, ValidationState
+from sync.states import PartitionState, RunState
 
 FORMATS = ("jsonl", "csv")
 FORMULA_STARTS = frozenset("=+-@\t\r")
@@ -279,7 +280,7 @@ def _valid_rows(session: Session, run_id: str) -> Iterator[tuple[str, str | None
             Observation.payload,
             Observation.payload_hash,
         )
-        .where(Observation.run_id == run_id, Observation.validation_state == ValidationState.VALID)
+        .where(row_states.valid(run_id))
         .order_by(Observation.entity_key.collate(collation), Observation.observation_key)
         .execution_options(yield_per=2000)
     )
@@ -289,9 +290,7 @@ def _valid_rows(session: Session, run_id: str) -> Iterator[tuple[str, str | None
 
 def _valid_count(session: Session, run_id: str) -> int:
     return session.execute(
-        select(func.count())
-        .select_from(Observation)
-        .where(Observation.run_id == run_id, Observation.validation_state == ValidationState.VALID)
+        select(func.count()).select_from(Observation).where(row_states.valid(run_id))
     ).scalar_one()
 
 

@@ -28,10 +28,10 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from config.columns import Column
+from sync.acceptance import row_states
 from sync.datasets.rows import target_name
 from sync.datasets.tables import DatasetTables
 from sync.models import Observation
-from sync.states import ValidationState
 
 _ALNUM = "[A-Za-z0-9]"
 # A text's first character read as printable ASCII other than a space tells that it is not blank
@@ -128,7 +128,6 @@ def copy_plain_rows(
         "run_id": run_id,
         "window": window,
         "start": start,
-        "valid": ValidationState.VALID.value,
     }
     names = ", ".join(quote(c.name) for c in tables.columns)
     target = target_name(session, tables.current)
@@ -143,8 +142,7 @@ def copy_plain_rows(
         # each value's type and text are taken from the payload once (OFFSET 0 keeps the
         # planner from inlining them into every condition that reads them)
         f"CROSS JOIN LATERAL (SELECT {casts.extracted} OFFSET 0) AS e "
-        "WHERE o.run_id = :run_id AND o.validation_state = :valid"
-        + "".join(f" AND {c}" for c in casts.conditions)
+        f"WHERE {row_states.valid_sql()}" + "".join(f" AND {c}" for c in casts.conditions)
     )
     with _key_built_after(session, target):
         result = cast(CursorResult[Any], session.execute(text(statement), params))

@@ -1,7 +1,7 @@
 """Bringing a dataset's table ``X`` to its published run, inside the transaction that moves the
 published pointer, so a reader holding one snapshot sees the old run or the new one whole.
 
-The published view of run R: R's observations marked valid (its passed partitions), plus the rows
+The published view of run R: R's valid observations (its passed partitions), plus the rows
 ``X`` already holds of the partitions R quarantined (kept as they are, with the run id they came
 from; never reported removed), plus the rows of the entities whose record R set aside at import
 (a NUL, an overlong value: :mod:`sync.ingest.set_aside`), kept with their last values, flagged
@@ -51,6 +51,7 @@ from sqlalchemy.orm import Session
 
 from config.columns import watch_by_column
 from config.datasets import Dataset
+from sync.acceptance import row_states
 from sync.acceptance.facts import NO_PARTITION
 from sync.casts import cast_record
 from sync.datasets import change_feed, changed_publication, first_publication
@@ -62,7 +63,7 @@ from sync.datasets.rows import delete_keys, insert_rows
 from sync.datasets.tables import DatasetTables
 from sync.db import planner_method_off
 from sync.models import Observation, PartitionVerdict, Publication, Run, SetAsideRecord
-from sync.states import PartitionState, ValidationState
+from sync.states import PartitionState
 
 BATCH = 2000  # entities cast, compared and written at a time: a publication holds one batch
 SET_BASED = True  # PostgreSQL writes plain entities by set-based statements (tests turn it off)
@@ -318,8 +319,7 @@ def _copy_plain_first(session: Session, dataset: Dataset, tables: DatasetTables,
 
 
 def _valid(run_id: str) -> Any:
-    o = Observation.__table__.c
-    return (o.run_id == run_id) & (o.validation_state == ValidationState.VALID)
+    return row_states.valid(run_id)
 
 
 def _seen_query(tables: DatasetTables, run_id: str, *, among: bool = False) -> Select[Any]:
@@ -419,7 +419,7 @@ def whole_set_joins(session: Session) -> AbstractContextManager[None]:
     """Joins of a whole run with a whole table by hash or merge, never a nested loop.
 
     Observations have no index on ``entity_key``, and the statistics PostgreSQL plans with
-    predate the run being published (its rows were written, then marked valid, moments ago):
+    predate the run being published (its rows were written, then judged, moments ago):
     planned from them, a run looks like one row, and the anti-join becomes a nested loop that
     scans the run once per row of ``X`` (seconds at 20,000 rows, hours at a million)."""
     return planner_method_off(session, "enable_nestloop")

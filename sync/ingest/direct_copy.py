@@ -16,7 +16,6 @@ from sync import logs
 from sync.identity import Identified
 from sync.ingest.line_digests import DIGEST_SIZE
 from sync.ingest.source import WRITTEN_COLUMNS, Source
-from sync.states import ValidationState
 
 log = logs.get("staging")
 
@@ -80,7 +79,6 @@ class DirectCopy:
                         line_digest,
                         s.job_id,
                         s.attempt_id,
-                        ValidationState.PENDING.value,
                         self._now,
                         self._now,
                         shape,

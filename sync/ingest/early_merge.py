@@ -15,7 +15,6 @@ from sqlalchemy import Connection
 
 from sync import logs
 from sync.ingest.source import KEY_COLUMNS, WRITTEN_COLUMNS, Source
-from sync.states import ValidationState
 
 MERGE_BATCH = 1000  # parsed records merged per statement while the export downloads (keys first)
 log = logs.get("staging")
@@ -37,15 +36,13 @@ _EARLY = (
     "changed AS (UPDATE observations o SET payload = s.payload, "
     "payload_hash = s.payload_hash, line_digest = s.line_digest, partition = s.partition, "
     "start_url = s.start_url, entity_key = s.entity_key, source_job_id = %(job_id)s, "
-    "source_attempt_id = %(attempt_id)s, "
-    f"validation_state = '{ValidationState.PENDING}', shape = s.shape, "
-    "last_changed_at = %(now)s FROM s "
+    "source_attempt_id = %(attempt_id)s, shape = s.shape, last_changed_at = %(now)s FROM s "
     "WHERE o.id = s.stored_id AND s.stored_hash <> s.payload_hash "
     "AND o.payload_hash <> s.payload_hash RETURNING 1), "
     f"new AS (INSERT INTO observations ({WRITTEN_COLUMNS}, shape) "
     "SELECT s.observation_key, %(dataset)s, s.entity_key, %(run_id)s, %(window)s, s.partition, "
     "s.start_url, s.payload, s.payload_hash, s.line_digest, %(job_id)s, "
-    f"%(attempt_id)s, '{ValidationState.PENDING}', %(now)s, %(now)s, s.shape FROM s "
+    "%(attempt_id)s, %(now)s, %(now)s, s.shape FROM s "
     "WHERE s.stored_id IS NULL RETURNING 1) "
     "SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM new), "
     "ARRAY(SELECT stored_digest FROM s WHERE stored_digest IS NOT NULL)"

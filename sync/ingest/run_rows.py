@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from sync.cloud.jobs import CloudJob
 from sync.db import insert
-from sync.models import Run, ScrapingJob
+from sync.models import Run, RunImport, ScrapingJob
 from sync.states import RunState
 
 
@@ -83,6 +83,17 @@ def count_import(session: Session, run_id: str) -> int:
             .values(data_version=Run.data_version + 1)
             .returning(Run.data_version)
         ).scalar_one()
+    )
+
+
+def record_import(session: Session, run_id: str, attempt_id: str, version: int) -> None:
+    """Record that ``attempt_id``'s import, committing with this transaction, made the run's
+    data ``version``: a verdict that judges that version judges the rows it wrote
+    (:mod:`sync.acceptance.row_states`)."""
+    session.execute(
+        insert(session, RunImport)
+        .values(run_id=run_id, attempt_id=attempt_id, version=version)
+        .on_conflict_do_nothing(index_elements=["run_id", "attempt_id"])
     )
 
 

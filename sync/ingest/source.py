@@ -15,8 +15,8 @@ KEY_COLUMNS = "ord, observation_key, entity_key, partition, start_url, payload_h
 # every column a sync writes, in the order of each statement that inserts an observation
 WRITTEN_COLUMNS = (
     "observation_key, dataset, entity_key, run_id, collection_window, partition, start_url, "
-    "payload, payload_hash, line_digest, source_job_id, source_attempt_id, validation_state, "
-    "first_seen_at, last_changed_at"
+    "payload, payload_hash, line_digest, source_job_id, source_attempt_id, first_seen_at, "
+    "last_changed_at"
 )
 
 

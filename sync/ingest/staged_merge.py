@@ -13,7 +13,6 @@ from sqlalchemy.exc import IntegrityError
 
 from sync.ingest.source import KEY_COLUMNS, STAGED_COLUMNS, WRITTEN_COLUMNS
 from sync.models import UTCDateTime
-from sync.states import ValidationState
 
 _CHANGES = (
     "CREATE TEMP TABLE obs_changes (ord integer, observation_key text, payload_hash text, "
@@ -76,8 +75,7 @@ def upsert_sql(table: str, *, postgres: bool) -> str:
         f"INSERT INTO observations ({WRITTEN_COLUMNS}) "  # noqa: S608 - constant SQL
         "SELECT c.observation_key, :dataset, c.entity_key, :run_id, :window, "
         f"c.partition, c.start_url, {payload}, c.payload_hash, c.line_digest, :job_id, "
-        ":attempt_id, "
-        f"'{ValidationState.PENDING}', :now, :now FROM {table} c "
+        f":attempt_id, :now, :now FROM {table} c "
         "LEFT JOIN observations o ON o.observation_key = c.observation_key "
         "AND o.run_id = :in_run "
         "WHERE o.observation_key IS NULL OR o.payload_hash <> c.payload_hash "
@@ -86,8 +84,7 @@ def upsert_sql(table: str, *, postgres: bool) -> str:
         "line_digest = excluded.line_digest, partition = excluded.partition, "
         "start_url = excluded.start_url, "
         "entity_key = excluded.entity_key, source_job_id = excluded.source_job_id, "
-        "source_attempt_id = excluded.source_attempt_id, "
-        f"validation_state = '{ValidationState.PENDING}', shape = NULL, "
+        "source_attempt_id = excluded.source_attempt_id, shape = NULL, "
         "last_changed_at = excluded.last_changed_at "
         "WHERE observations.payload_hash <> excluded.payload_hash"
     )
@@ -238,8 +235,7 @@ def write_changes(
                 "payload_hash = c.payload_hash, line_digest = c.line_digest, "
                 "partition = c.partition, "
                 "start_url = c.start_url, entity_key = c.entity_key, source_job_id = :job_id, "
-                "source_attempt_id = :attempt_id, "
-                f"validation_state = '{ValidationState.PENDING}', shape = NULL, "
+                "source_attempt_id = :attempt_id, shape = NULL, "
                 f"last_changed_at = :now FROM {table} c "
                 "WHERE o.observation_key = c.observation_key AND o.run_id = :in_run "
                 "AND o.payload_hash <> c.payload_hash"

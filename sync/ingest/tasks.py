@@ -261,6 +261,7 @@ def _import(
         services.killpoints.reached("mid-upsert")
         state = store.commit_task(session, lease, run_id=target.run_id, now=now)
         version = run_rows.count_import(session, target.run_id)
+        run_rows.record_import(session, target.run_id, lease.attempt_id, version)
         only = found.only_rows(version) if isinstance(found, job_export.Staged) else None
         if only is not None:
             run_rows.keep_import_tally(session, target.run_id, version, only)

@@ -26,7 +26,6 @@ from sync.states import (
     LaunchState,
     RunState,
     TaskState,
-    ValidationState,
 )
 
 
@@ -47,10 +46,14 @@ class Run(Base):
     # counted up by each committed import of the run; the version its last verdict judged
     data_version: Mapped[int] = mapped_column(Integer, default=1, server_default=text("1"))
     evaluated_version: Mapped[int | None] = mapped_column(Integer)
+    # the data version whose rows the run's partition verdicts judge: a row written by an import
+    # that made this version or an earlier one takes its partition's verdict, a later one's is
+    # pending (sync.acceptance.row_states)
+    judged_version: Mapped[int | None] = mapped_column(Integer)
     # what a first sync copied straight in wrote, per partition and record shape, with the data
     # version its commit made: {"version": v, "groups": [[partition, shape, rows], ...]}
     # (sync.ingest.run_rows writes it, sync.runs.shapes trusts it while v is the run's version
-    # and no verdict has marked its rows)
+    # and no verdict has judged it)
     import_tally: Mapped[dict[str, Any] | None]
     evaluated_at: Mapped[datetime | None]
     accepted_at: Mapped[datetime | None]
@@ -196,8 +199,9 @@ class Observation(Base):
     # the export line it was last written from, keyed by the read rules (sync.ingest.line_digests)
     line_digest: Mapped[bytes | None] = mapped_column(LargeBinary)
     source_job_id: Mapped[int] = mapped_column(BigInteger)
+    # the attempt whose import last wrote it: with the data version that import made
+    # (RunImport), it says whether the run's verdict has judged the row (sync.acceptance.row_states)
     source_attempt_id: Mapped[str] = mapped_column(String(36))
-    validation_state: Mapped[str] = mapped_column(String(20), default=ValidationState.PENDING)
     # the record's shape as the last evaluation (or the sync that wrote it) found it, when it
     # had no defect (its rules' fingerprint, then the fields it fills and leaves empty); a
     # merge after the download forgets it
@@ -205,15 +209,20 @@ class Observation(Base):
     first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    # Half of each page is left free, so that the verdict's UPDATE of every row of a run (and a
-    # sync's rewrite of its changed rows) writes each new row version beside the old one, in the
-    # same page, without touching the indexes (a heap-only update; no indexed column changes).
-    # A full page moves every updated row to a new page and adds an entry to all three indexes:
-    # five times as slow. The table ends the same size: an update leaves the old versions behind.
-    __table_args__ = (
-        Index("ix_observations_run_partition", "run_id", "partition"),
-        {"postgresql_with": {"fillfactor": 50}},
-    )
+    # Pages are filled: a verdict writes no row (it is kept per partition, for the rows of the
+    # imports it judged), so a pass over a run reads as few pages as its rows need.
+    __table_args__ = (Index("ix_observations_run_partition", "run_id", "partition"),)
+
+
+class RunImport(Base):
+    """A committed import of a run: the attempt that wrote it and the data version its commit
+    made. Kept as long as the run (an attempt's own row may be pruned before its rows go)."""
+
+    __tablename__ = "run_imports"
+
+    run_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    attempt_id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    version: Mapped[int] = mapped_column(Integer)
 
 
 class PartitionVerdict(Base):

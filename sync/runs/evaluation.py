@@ -14,8 +14,11 @@ stays published, readable in full.
 Repeat-safety: a run's ``revision`` goes up only when its verdict or its data changed (a new
 state, another set of passing partitions, or observations rewritten since the last verdict);
 event ids are derived from run id, event type and revision, so evaluating twice never announces
-one change twice. On PostgreSQL the transaction runs at REPEATABLE READ, so a sync or another
-evaluation that commits in between makes this one retry instead of marking rows it never read.
+one change twice. On PostgreSQL the transaction runs at REPEATABLE READ and holds the run from
+its first statement: the verdict judges the rows of the data version its snapshot read, and a
+sync that commits meanwhile waits for it and makes a later version, whose rows stay pending
+until the next verdict (:mod:`sync.acceptance.row_states`); a write that got in the way of this
+one (another evaluation's) makes it retry.
 
 One evaluation per change: each committed import of a run counts up its ``data_version``, and a
 verdict records the version it judged (``evaluated_version``). A run is due for evaluation when
@@ -347,7 +350,7 @@ def _apply(
         or states.pending > 0
     )
     verdict_rows.write_partition_verdicts(session, run.run_id, judgement, now)
-    verdict_rows.mark_observations(session, run.run_id, judgement, states)
+    verdict_rows.judge_rows(session, run)
     run.reasons = [r.as_dict() for r in judgement.reasons]
     run.evaluated_at = now
     run.evaluated_version = run.data_version  # read in this transaction's snapshot
@@ -410,7 +413,7 @@ def _publish(
         schema=schema,
         fields=_published_fields(judgement),
         valid_rows=states.valid_after(marks),
-        pending_ids=PENDING if again and states.only_pending_to_mark(marks) else None,
+        pending_ids=PENDING if again and states.only_pending_turn(marks) else None,
     )
 
 

@@ -17,9 +17,10 @@ from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
 from sync import outbox
+from sync.acceptance import row_states
 from sync.datasets import change_feed, materialise, withdrawal
 from sync.models import Observation, PartitionVerdict, Publication, Run
-from sync.states import EventType, PartitionState, RunState, ValidationState
+from sync.states import EventType, PartitionState, RunState
 
 
 def current_publication(session: Session, dataset: str) -> Publication | None:
@@ -195,8 +196,6 @@ def withdraw(
 def _valid_records(session: Session, run_id: str) -> int:
     return int(
         session.execute(
-            select(func.count()).where(
-                Observation.run_id == run_id, Observation.validation_state == ValidationState.VALID
-            )
+            select(func.count()).select_from(Observation).where(row_states.valid(run_id))
         ).scalar_one()
     )

@@ -9,23 +9,22 @@ partition and shape in one statement; only the rows without a shape under the ru
 read and tallied in Python. Records with a defect keep no shape: they are read every time, so
 that their samples are those of the run as it is.
 
-The shapes found are written with the verdict, in the statement that marks those rows valid or
-quarantined (:func:`apply`), so no row is written twice. A first evaluation reads the records
-with a defect (every record, where the sync merged them after the download); after a
+The shapes found are written with the verdict (:func:`apply`). A first evaluation reads the
+records with a defect (every record, where the sync merged them after the download); after a
 "Continue" that rewrote a tenth of them, the next one reads those of that tenth with a defect.
 
-The same statement counts the run's rows per partition by validation state. Of a run judged
-before, it also keeps the ids of the rows written since (``pending``) in a temporary table: when
-the counts show that no other row changes state under the new verdict, the verdict marks those
-rows alone, each by its id (:func:`mark_pending`), instead of a pass over the whole run; and the
-counts tell the publication how many rows are valid, without counting them again.
+The same statement counts the run's rows per partition by state (pending, valid, quarantined:
+:mod:`sync.acceptance.row_states`). Of a run judged before, it also keeps the ids of the rows
+written since (``pending``) in a temporary table: when the counts show that no other row changes
+state under the new verdict, the publication looks at those rows alone, instead of a pass over
+the whole run; and the counts tell it how many rows are valid, without counting them again.
 
 A run whose only rows one first sync copied straight in needs no pass at all before its first
 verdict: that import counted the rows it copied per partition and shape, and kept the counts
 with the run (``runs.import_tally``) with the data version its commit made, when that commit
 counted the version up by one from the version at which it found the run empty (no other import
 committed in between). The evaluation counts those instead (:func:`import_groups`) while the run
-holds that version and no verdict has marked its rows; the rows without a shape are still read
+holds that version and no verdict has judged it; the rows without a shape are still read
 back."""
 
 from __future__ import annotations
@@ -36,15 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-from sqlalchemy import Connection, Text, case, cast, func, or_, select, text
+from sqlalchemy import Connection, Text, and_, case, cast, func, not_, or_, select, text
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
+from sync.acceptance import row_states
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
 from sync.acceptance.records import add_shape, tally_record
-from sync.db import planner_method_off
 from sync.models import Observation, Run
-from sync.states import ValidationState
+from sync.states import PartitionState, ValidationState
 
 BATCH = 5000  # rows read, and shapes staged, at a time
 STAGED = "obs_shapes"  # the shapes found by this evaluation, until its verdict writes them
@@ -68,10 +67,9 @@ class RowStates:
     def of(self, state: str, partition: str) -> int:
         return self.by_state.get(state, Counter())[partition]
 
-    def only_pending_to_mark(self, verdicts: Mapping[str, str]) -> bool:
-        """Whether marking the rows by ``verdicts`` (partition -> the state its rows take)
-        changes none but the pending ones: every other row of a judged partition holds its
-        state already."""
+    def only_pending_turn(self, verdicts: Mapping[str, str]) -> bool:
+        """Whether ``verdicts`` (partition -> the state its rows take) turn none but the
+        pending rows: every other row of a judged partition holds that state already."""
         return self.ids_kept and all(
             self.rows[p] - self.of(ValidationState.PENDING, p) == self.of(state, p)
             for p, state in verdicts.items()
@@ -83,7 +81,7 @@ class RowStates:
         return sum(self.by_state.get(ValidationState.PENDING, Counter()).values())
 
     def valid_after(self, verdicts: Mapping[str, str]) -> int:
-        """How many of the run's rows are valid once they are marked by ``verdicts``: every
+        """How many of the run's rows are valid once ``verdicts`` judge them: every
         row of a partition judged valid, and the valid rows of a partition not judged."""
         return sum(
             (n if verdicts[p] == ValidationState.VALID else 0)
@@ -162,22 +160,22 @@ def import_groups(run: Run) -> list[tuple[str | None, str | None, int]] | None:
     them (``runs.import_tally``, see :func:`sync.ingest.run_rows.keep_import_tally`), when
     they are the run's rows as this evaluation reads the run: that import's commit made the
     data version the run holds in this snapshot (a later import counts it up again, and is
-    counted in the run), and no verdict has marked or reshaped a row since (one that did
-    recorded the version it judged)."""
+    counted in the run), and no verdict has judged the run since (one that did recorded the
+    version it judged)."""
     kept = run.import_tally
     if not kept or run.evaluated_version is not None or kept.get("version") != run.data_version:
         return None
     return [(partition, shape, int(n)) for partition, shape, n in kept["groups"]]
 
 
-def _states(column: Any) -> list[Any]:
+def _states(run_id: str) -> list[Any]:
+    """How many rows pending, valid and quarantined (:mod:`sync.acceptance.row_states`)."""
+    judged = row_states.judged(run_id)
+    passed = row_states.passed(run_id)
     return [
-        func.sum(case((column == state, 1), else_=0))
-        for state in (
-            ValidationState.PENDING,
-            ValidationState.VALID,
-            ValidationState.QUARANTINED,
-        )
+        func.sum(case((judged, 0), else_=1)),
+        func.sum(case((and_(judged, passed), 1), else_=0)),
+        func.sum(case((and_(judged, not_(passed)), 1), else_=0)),
     ]
 
 
@@ -189,7 +187,7 @@ def _groups(session: Session, run_id: str, prefix: str, *, keep_pending: bool) -
     if not keep_pending:
         kept = o.shape.startswith(prefix, autoescape=True)
         return session.execute(
-            select(o.partition, case((kept, o.shape)), func.count(), *_states(o.validation_state))
+            select(o.partition, case((kept, o.shape)), func.count(), *_states(run_id))
             .where(o.run_id == run_id)
             .group_by(o.partition, case((kept, o.shape)))
         ).all()
@@ -202,13 +200,20 @@ def _groups(session: Session, run_id: str, prefix: str, *, keep_pending: bool) -
         text(
             # the ids gathered per group, server-side (a scan kept for two readers would be
             # written aside whole)
-            "WITH g AS (SELECT partition, "  # noqa: S608 - constants
+            "WITH j AS (SELECT i.attempt_id FROM run_imports i WHERE i.run_id = :run_id "  # noqa: S608 - constants
+            "AND i.version <= (SELECT r.judged_version FROM runs r WHERE r.run_id = :run_id)), "
+            "p AS (SELECT v.partition FROM partition_verdicts v WHERE v.run_id = :run_id "
+            "AND v.state = :passed), "
+            "g AS (SELECT partition, "
             "CASE WHEN left(shape, :length) = :prefix THEN shape END AS found, count(*) AS n, "
-            "count(*) FILTER (WHERE validation_state = :pending) AS pending, "
-            "count(*) FILTER (WHERE validation_state = :valid) AS valid, "
-            "count(*) FILTER (WHERE validation_state = :quarantined) AS quarantined, "
-            "array_agg(id) FILTER (WHERE validation_state = :pending) AS ids "
-            "FROM observations WHERE run_id = :run_id GROUP BY 1, 2), "
+            "count(*) FILTER (WHERE NOT judged) AS pending, "
+            "count(*) FILTER (WHERE judged AND passed) AS valid, "
+            "count(*) FILTER (WHERE judged AND NOT passed) AS quarantined, "
+            "array_agg(id) FILTER (WHERE NOT judged) AS ids "
+            "FROM (SELECT o.id, o.partition, o.shape, "
+            "o.source_attempt_id IN (SELECT attempt_id FROM j) AS judged, "
+            "COALESCE(o.partition, :none) IN (SELECT partition FROM p) AS passed "
+            "FROM observations o WHERE o.run_id = :run_id) AS r GROUP BY 1, 2), "
             f"kept AS (INSERT INTO {PENDING} (id) SELECT unnest(ids) FROM g) "
             "SELECT partition, found, n, pending, valid, quarantined FROM g"
         ),
@@ -216,65 +221,31 @@ def _groups(session: Session, run_id: str, prefix: str, *, keep_pending: bool) -
             "run_id": run_id,
             "length": len(prefix),
             "prefix": prefix,
-            "pending": ValidationState.PENDING.value,
-            "valid": ValidationState.VALID.value,
-            "quarantined": ValidationState.QUARANTINED.value,
+            "passed": PartitionState.PASSED.value,
+            "none": NO_PARTITION,
         },
     ).all()
     connection.execute(text(f"ANALYZE {PENDING}"))
     return groups
 
 
-def mark_pending(session: Session, verdicts: Mapping[str, str]) -> None:
-    """Mark the rows kept in ``obs_pending`` by ``verdicts`` (partition -> state), each looked
-    up by its id; rows of a partition not judged keep their state."""
-    connection = session.connection()
-    names = list(verdicts)
-    states = [verdicts[n] for n in names]
-    state = (
-        "(SELECT v.state FROM unnest(CAST(:names AS text[]), CAST(:states AS text[])) "
-        "AS v(name, state) WHERE v.name = COALESCE(observations.partition, :none))"
-    )
-    with (
-        planner_method_off(session, "enable_hashjoin"),
-        planner_method_off(session, "enable_mergejoin"),
-    ):
-        connection.execute(
-            text(
-                f"UPDATE observations SET validation_state = {state} FROM {PENDING} p "  # noqa: S608 - constants
-                "WHERE observations.id = p.id "
-                "AND COALESCE(observations.partition, :none) = ANY(CAST(:names AS text[])) "
-                f"AND observations.validation_state <> {state}"
-            ),
-            {"names": names, "states": states, "none": NO_PARTITION},
-        )
-
-
-def apply(session: Session, quarantined: Sequence[str]) -> None:
-    """Write the shapes this evaluation staged onto their rows, and mark those rows valid (or
-    quarantined, in the partitions named) in the same statement. Rows a sync rewrote since the
-    evaluation read them are refused by REPEATABLE READ, as every write of a verdict is."""
+def apply(session: Session) -> None:
+    """Write the shapes this evaluation staged onto their rows. Rows a sync rewrote since the
+    evaluation read them are refused by REPEATABLE READ (the evaluation tries again)."""
     if not session.info.pop(STAGED, False):
         return
     connection = session.connection()
-    params: dict[str, object] = {"none": NO_PARTITION, "quarantined": list(quarantined)}
     if connection.dialect.name == "postgresql":
         sql = (
-            "UPDATE observations SET shape = s.shape, validation_state = CASE WHEN "  # noqa: S608 - constants only
-            "COALESCE(observations.partition, :none) = ANY(:quarantined) "
-            f"THEN '{ValidationState.QUARANTINED}' ELSE '{ValidationState.VALID}' END "
-            f"FROM {STAGED} s WHERE observations.id = s.id"
+            f"UPDATE observations SET shape = s.shape FROM {STAGED} s "  # noqa: S608 - constants only
+            "WHERE observations.id = s.id"
         )
     else:
         sql = (
             f"UPDATE observations SET shape = (SELECT s.shape FROM {STAGED} s "  # noqa: S608 - constants only
-            "WHERE s.id = observations.id), validation_state = CASE WHEN "
-            "COALESCE(partition, :none) IN (SELECT value FROM json_each(:quarantined)) "
-            f"THEN '{ValidationState.QUARANTINED}' ELSE '{ValidationState.VALID}' END "
-            f"WHERE id IN (SELECT id FROM {STAGED})"
+            f"WHERE s.id = observations.id) WHERE id IN (SELECT id FROM {STAGED})"
         )
-        params["quarantined"] = orjson.dumps(list(quarantined)).decode()
-    connection.execute(text(sql), params)
+    connection.execute(text(sql))
     connection.execute(text(f"DELETE FROM {STAGED}"))  # noqa: S608 - a constant name
 
 

@@ -1,20 +1,19 @@
-"""The rows a verdict writes inside the evaluating transaction: the partition verdicts, the
-observations' validation states, the run's profile, and the outbox events that announce it."""
+"""The rows a verdict writes inside the evaluating transaction: the partition verdicts, the data
+version whose rows they judge, the run's profile, and the outbox events that announce it."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import delete, or_, update
+from sqlalchemy import delete
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
 from sync import outbox
 from sync.acceptance.decisions import OPERATOR, RULES
-from sync.acceptance.facts import ACCEPTED, NO_PARTITION, Judgement
-from sync.db import planner_method_off
-from sync.models import Observation, PartitionVerdict, Run, RunProfile
+from sync.acceptance.facts import ACCEPTED, Judgement
+from sync.models import PartitionVerdict, Run, RunProfile
 from sync.runs import shapes
 from sync.states import PartitionState, ValidationState
 
@@ -117,14 +116,6 @@ def keep_profile(session: Session, run: Run, judgement: Judgement, now: datetime
     )
 
 
-def _in_partitions(names: list[str]) -> Any:
-    named = [n for n in names if n != NO_PARTITION]
-    conditions = [Observation.partition.in_(named)] if named else []
-    if NO_PARTITION in names:
-        conditions.append(Observation.partition.is_(None))
-    return or_(*conditions) if conditions else None
-
-
 def row_states(judgement: Judgement) -> dict[str, str]:
     """The state the rows of each judged partition take: valid, or quarantined."""
     return {
@@ -133,36 +124,11 @@ def row_states(judgement: Judgement) -> dict[str, str]:
     }
 
 
-def mark_observations(
-    session: Session, run_id: str, judgement: Judgement, states: shapes.RowStates | None = None
-) -> None:
-    """Quarantine the failed partitions' rows and mark the rest valid; rows this evaluation did
-    not read (written by a sync since) are left alone: REPEATABLE READ refuses to touch them.
-    When the tally's counts (``states``) show that no row but those written since the last
-    verdict changes state, those rows alone are marked, each by its id, instead of a pass over
-    the whole run."""
-    quarantined = [p.partition for p in judgement.partitions if not p.passed]
-    shapes.apply(session, quarantined)  # the rows it read again: their shapes, in one write
-    verdicts = row_states(judgement)
-    if states is not None and states.only_pending_to_mark(verdicts):
-        shapes.mark_pending(session, verdicts)
-        return
-    groups = {
-        ValidationState.QUARANTINED: quarantined,
-        ValidationState.VALID: [p.partition for p in judgement.partitions if p.passed],
-    }
-    # The run in page order (a bitmap of its pages, or the table), never through its index:
-    # statistics taken before the run was written can make it look like a few rows, and the
-    # index, ordered by partition, would visit each page once per partition (100k rows in three
-    # partitions: 75,000 page reads instead of 25,000, 1.2-1.35 s instead of 0.83-0.87 s).
-    with planner_method_off(session, "enable_indexscan"):
-        for state, names in groups.items():
-            where = _in_partitions(names)
-            if where is None:
-                continue
-            session.execute(
-                update(Observation)
-                .where(Observation.run_id == run_id, where, Observation.validation_state != state)
-                .values(validation_state=state)
-                .execution_options(synchronize_session=False)
-            )
+def judge_rows(session: Session, run: Run) -> None:
+    """Give the run's rows the verdict whose partition verdicts this transaction wrote: every
+    row of its snapshot (the data version it read) takes its partition's, and rows a sync
+    writes after it stay pending (:mod:`sync.acceptance.row_states`); no row is written but the
+    shapes this evaluation found (:func:`shapes.apply`)."""
+    shapes.apply(session)
+    run.judged_version = run.data_version  # read in this transaction's snapshot
+    session.flush()  # the publication's statements read it

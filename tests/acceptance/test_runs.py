@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from flask import Flask
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from simulator import CloudState
 from sync import jobs
+from sync.acceptance import row_states
 from sync.bootstrap import Services
 from sync.datasets import export
 from sync.ingest import run_rows, store, tasks
@@ -34,6 +36,7 @@ from tests.acceptance.flow import (
     verdict,
     with_policy,
 )
+from tests.datasets.flow import current_rows
 from tests.harness import notify, products_sitemap
 
 pytestmark = pytest.mark.redis
@@ -47,11 +50,12 @@ def sync(web: Flask, services: Services, job_id: int) -> None:
 
 def states_of(services: Services, run_id: str) -> dict[str | None, dict[str, int]]:
     """How many of a run's observations are in each validation state, per partition."""
+    state = row_states.state(run_id)
     with services.uow.begin() as session:
         rows = session.execute(
-            select(Observation.partition, Observation.validation_state, func.count())
+            select(Observation.partition, state, func.count())
             .where(Observation.run_id == run_id)
-            .group_by(Observation.partition, Observation.validation_state)
+            .group_by(Observation.partition, state)
         ).all()
     found: dict[str | None, dict[str, int]] = {}
     for partition, state, count in rows:
@@ -538,43 +542,79 @@ def test_concurrent_evaluations_of_one_run_announce_it_once(
 
 
 @pytest.mark.postgres
-def test_a_sync_committing_during_an_evaluation_is_never_marked_unread(
+def test_a_sync_committing_during_an_evaluation_leaves_its_rows_pending_until_judged(
     services: Services, cloud: CloudState
 ) -> None:
-    """A sync rewrites a partition with garbage after the evaluation read the run but before it
-    wrote its verdict: the evaluation retries on the new data instead of marking rows it never
-    checked as valid, so the garbage is quarantined, not published."""
+    """A sync rewrites a partition with garbage after the evaluation read the run: its commit
+    waits for the verdict, which publishes what it read and never counts the rows it did not
+    read as valid; they stay pending, out of the published table, until the next evaluation
+    quarantines them and withdraws the run."""
     job_id = finished_job(cloud, product_records(40))
+    run_id = run_id_of(job_id)
     offline = replace(services, dispatcher=RecordingDispatcher())
     with services.uow.begin() as session:
         wish = store.want_sync(session, job_id, now=services.clock())
         session.commit()
     tasks.run_sync(offline, wish.task_key)
-    fired: list[str] = []
+    between: list[threading.Thread] = []
+
+    def rewrite() -> None:
+        """What a sync's import does: rewrite rows under its attempt, count the run's data
+        version up (waiting for the evaluation that holds the run) and record it, commit."""
+        with services.uow.begin() as session:
+            for row in session.execute(
+                select(Observation).where(Observation.partition == "beta.example")
+            ).scalars():
+                row.payload = {**row.payload, "price": "call for price"}
+                row.source_attempt_id = "attempt-in-between"
+                row.shape = None
+            session.flush()
+            version = run_rows.count_import(session, run_id)
+            run_rows.record_import(session, run_id, "attempt-in-between", version)
+            session.commit()
 
     class SyncInBetween:
-        """A sync that commits garbage once, between the evaluation's read and its write."""
+        """A sync that starts writing garbage once, between the evaluation's read and its
+        write, and commits when it can."""
 
         def reached(self, name: str) -> None:
-            """Rewrite beta's prices at the mid-evaluation point, the first time only."""
-            if name != "mid-evaluation" or fired:
+            if name != "mid-evaluation" or between:
                 return
-            fired.append(name)
-            with services.uow.begin() as session:
-                for row in session.execute(
-                    select(Observation).where(Observation.partition == "beta.example")
-                ).scalars():
-                    row.payload = {**row.payload, "price": "call for price"}
-                    row.validation_state = "pending"  # as a sync's rewrite leaves a row:
-                    row.shape = None  # waiting for a verdict, its shape forgotten
-                session.commit()
+            between.append(threading.Thread(target=rewrite))
+            between[0].start()
+            _until_waiting_for_a_lock(services)
 
     racing = replace(offline, killpoints=SyncInBetween())  # type: ignore[arg-type]
-    result = evaluation.evaluate_run(racing, run_id_of(job_id))
-    assert fired == ["mid-evaluation"]
-    assert result.outcome == "rejected"
-    assert states_of(services, run_id_of(job_id))["beta.example"] == {"quarantined": 10}
+    result = evaluation.evaluate_run(racing, run_id)
+    between[0].join(timeout=30)
+    assert not between[0].is_alive()
+    assert result.outcome == "published"
+    assert states_of(services, run_id)["beta.example"] == {"pending": 10}
+    assert published(services) == run_id
+    rows = current_rows(services)
+    assert len(rows) == 40
+    assert "call for price" not in {r["price"] for r in rows.values()}
+    again = evaluation.evaluate_run(offline, run_id)
+    assert again.outcome == "rejected"
+    assert states_of(services, run_id)["beta.example"] == {"quarantined": 10}
     assert published(services) is None
+
+
+def _until_waiting_for_a_lock(services: Services) -> None:
+    """Return once another session of the database waits for a lock (at most 10 s)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with services.uow.engine.connect() as conn:
+            waiting = conn.execute(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        if waiting:
+            return
+        time.sleep(0.02)
+    raise AssertionError("the sync never waited for the evaluation")
 
 
 def test_the_verdict_reads_as_plain_values_for_status(

@@ -1,9 +1,10 @@
-"""A verdict marks the run's rows valid or quarantined. After a "Continue", the tally's pass over
-the run counts its rows by state and keeps the ids of those the sync wrote: when no other row
-changes state, the verdict marks those rows alone, each by its id, and the publication of a run
-published already searches those rows alone for changes; when a partition's verdict changes,
-every row of the run is looked at, as before. Either way every row ends in its partition's
-state, and the dataset's table holds the run's valid rows."""
+"""A verdict gives the run's rows their partition's state without writing any of them: a row the
+verdict's snapshot held takes its partition's verdict, a row a sync wrote since is pending
+(:mod:`sync.acceptance.row_states`). After a "Continue", the tally's pass over the run counts its
+rows by state and keeps the ids of those the sync wrote: when no other row changes state, the
+publication of a run published already searches those rows alone for changes; when a
+partition's verdict changes, every row of the run is looked at. Either way every row ends in its
+partition's state, and the dataset's table holds the run's valid rows."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import pytest
 from sqlalchemy import event, select, text
 
 from simulator import CloudState
+from sync.acceptance import row_states
 from sync.bootstrap import Services
 from sync.models import Observation
 from sync.queue import RecordingDispatcher
@@ -76,14 +78,14 @@ def _states(services: Services, run_id: str) -> Counter[tuple[str | None, str]]:
     o = Observation.__table__.c
     with services.uow.begin() as session:
         rows = session.execute(
-            select(o.partition, o.validation_state).where(o.run_id == run_id)
+            select(o.partition, row_states.state(run_id)).where(o.run_id == run_id)
         ).all()
     return Counter((partition, state) for partition, state in rows)
 
 
-def test_a_continue_marks_only_the_rows_it_wrote_each_by_id(
-    services: Services, cloud: CloudState
-) -> None:
+def test_a_continue_is_judged_without_writing_a_row(services: Services, cloud: CloudState) -> None:
+    """The rows a "Continue" rewrote and added turn valid with the verdict, and no row of the
+    run is written to say so."""
     records = product_records(40)
     job_id = _published(services, cloud, records)
     run_id = run_id_of(job_id)
@@ -96,8 +98,7 @@ def test_a_continue_marks_only_the_rows_it_wrote_each_by_id(
     with _marks(services) as marks:
         assert _evaluate(services, run_id) == "published"
 
-    assert len(marks) == 1
-    assert "FROM obs_pending" in marks[0]
+    assert marks == []
     assert _states(services, run_id) == Counter(
         {(r, "valid"): sum(1 for c in changed if c["retailer"] == r) for r in RETAILERS}
     )
@@ -107,7 +108,7 @@ def test_a_continue_marks_only_the_rows_it_wrote_each_by_id(
     assert {prices[changed[i]["sku"]] for i in (3, 7, 21)} == {"99.99"}
 
 
-def test_a_partition_whose_verdict_turns_has_every_row_marked_again(
+def test_a_partition_whose_verdict_turns_turns_every_row_of_it(
     services: Services, cloud: CloudState
 ) -> None:
     """A "Continue" that brings a partition junk enough to quarantine it turns the rows it
@@ -121,7 +122,8 @@ def test_a_partition_whose_verdict_turns_has_every_row_marked_again(
     with _marks(services) as marks:
         assert _evaluate(services, run_id) == "rejected"
 
-    assert not any("FROM obs_pending" in m for m in marks)
+    # no row is marked: the only rows written are those whose shapes the evaluation found
+    assert all(m.startswith("UPDATE observations SET shape = s.shape FROM") for m in marks)
     states = _states(services, run_id)
     held = {r: sum(1 for c in records if c["retailer"] == r) for r in RETAILERS}
     assert states == Counter(
@@ -234,37 +236,33 @@ def test_a_run_that_takes_the_pointer_after_a_continue_is_published_whole(
         assert _evaluate(services, run_id) == "published"
 
     assert _table(services) == {r["sku"]: r["price"] for r in more}
-    assert "FROM obs_pending" in marks[0]  # the verdict marked the new rows alone
+    assert marks == []  # the verdict wrote no row
     assert len(searches) == 1
     assert "obs_pending" not in searches[0]
 
 
-def test_a_verdict_reads_each_page_of_the_run_once_whatever_the_statistics_say(
+def test_a_first_verdict_leaves_every_row_of_the_run_as_the_sync_wrote_it(
     services: Services, cloud: CloudState
 ) -> None:
-    """The planner's statistics are taken before a run is written, so a first run can look like
-    a few rows; walked through the run's index, the verdict's pass would visit every page of the
-    run once per partition (a partition's rows lie all over the run). It reads the run in page
-    order: a bitmap of the run's pages, or the table."""
-    with services.uow.begin() as session:
-        session.execute(text("ANALYZE observations"))  # as before a sync: nothing of the run
+    """Judging and publishing a first sync writes no observation: each row keeps the version
+    the sync's commit wrote (PostgreSQL's xmin), and every row is valid all the same."""
     job_id = finished_job(cloud, product_records(120))
     sync_offline(services, job_id)
-    plans: list[str] = []
+    run_id = run_id_of(job_id)
 
-    def explain(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
-        if " ".join(statement.split()).startswith("UPDATE observations SET validation_state"):
-            with cursor.connection.cursor() as plan:  # in the statement's transaction
-                plan.execute("EXPLAIN " + statement, parameters)
-                plans.append("\n".join(row[0] for row in plan.fetchall()))
+    def versions() -> dict[int, str]:
+        with services.uow.begin() as session:
+            return dict(
+                session.execute(
+                    text("SELECT id, xmin::text FROM observations WHERE run_id = :run"),
+                    {"run": run_id},
+                ).all()
+            )
 
-    event.listen(services.uow.engine, "before_cursor_execute", explain)
-    try:
-        assert _evaluate(services, run_id_of(job_id)) == "published"
-    finally:
-        event.remove(services.uow.engine, "before_cursor_execute", explain)
-
-    assert len(plans) == 1
-    assert "Index Scan using" not in plans[0], plans[0]  # the index walked partition by partition
-    assert "Bitmap Heap Scan on observations" in plans[0] or "Seq Scan" in plans[0], plans[0]
-    assert _states(services, run_id_of(job_id)) == Counter({(r, "valid"): 30 for r in RETAILERS})
+    written = versions()
+    assert len(written) == 120
+    assert _states(services, run_id) == Counter({(r, "pending"): 30 for r in RETAILERS})
+    assert _evaluate(services, run_id) == "published"
+    assert versions() == written
+    assert _states(services, run_id) == Counter({(r, "valid"): 30 for r in RETAILERS})
+    assert len(_table(services)) == 120

@@ -23,9 +23,10 @@ from sync.casts import cast_record
 from sync.datasets import first_publication, materialise, schema
 from sync.datasets.rows import target_name
 from sync.identity import observation_key
+from sync.ingest import run_rows
 from sync.models import Observation, PartitionVerdict, Publication, Run
 from sync.runs import publication
-from sync.states import PartitionState, RunState, ValidationState
+from sync.states import PartitionState, RunState
 from tests.datasets.flow import (
     assert_rows_are_open_stretches,
     change_rows,
@@ -58,6 +59,14 @@ def records(n: int, *, price: str = "10.00", start: int = 0) -> dict[str, dict[s
         f"S{i:05d}": {"sku": f"S{i:05d}", "title": f"T{i}", "price": price, "retailer": "r1"}
         for i in range(start, start + n)
     }
+
+
+def _judged(session: Session, run: Run) -> None:
+    """Judge the run's rows (written under attempt ``a``) as a verdict does."""
+    session.flush()
+    run_rows.record_import(session, run.run_id, "a", run.data_version)
+    run.judged_version = run.data_version
+    session.flush()
 
 
 def publish(
@@ -97,9 +106,6 @@ def publish(
                 ).hexdigest(),
                 "source_job_id": day,
                 "source_attempt_id": "a",
-                "validation_state": ValidationState.QUARANTINED
-                if partition in quarantined
-                else ValidationState.VALID,
             }
             for partition, group in groups.items()
             for key, payload in group.items()
@@ -114,6 +120,7 @@ def publish(
                 PartitionState.QUARANTINED if partition in quarantined else PartitionState.PASSED
             )
             session.add(PartitionVerdict(run_id=run_id, partition=partition, state=state))
+        _judged(session, run)
         run.revision += 1
         run.state = RunState.ACCEPTED
         publication.publish(
@@ -630,7 +637,7 @@ def test_a_run_planned_from_statistics_that_predate_it_is_still_compared_by_a_ha
     window = (DAY + timedelta(days=1)).strftime("%Y-%m-%d")
     run_id = dataset.run_id_for(window)
 
-    def observations(state: str, start: int) -> list[dict[str, Any]]:
+    def observations(start: int) -> list[dict[str, Any]]:
         return [
             {
                 "observation_key": observation_key(dataset.name, window, key),
@@ -643,18 +650,18 @@ def test_a_run_planned_from_statistics_that_predate_it_is_still_compared_by_a_ha
                 "payload_hash": "h",
                 "source_job_id": 1,
                 "source_attempt_id": "a",
-                "validation_state": state,
             }
             for key, payload in records(N_STALE, start=start).items()
         ]
 
     o = Observation.__table__
     with services.uow.begin() as session:  # one transaction: no autovacuum sees any of it
-        session.add(Run(run_id=run_id, dataset=dataset.name, collection_window=window))
-        session.execute(o.update().values(validation_state=ValidationState.PENDING))
-        session.execute(text("ANALYZE observations"))  # as after a sync: everything pending
-        session.execute(o.update().values(validation_state=ValidationState.VALID))
-        session.execute(o.insert(), observations(ValidationState.VALID, start=10))
+        run = Run(run_id=run_id, dataset=dataset.name, collection_window=window)
+        session.add(run)
+        session.execute(text("ANALYZE observations"))  # as before a sync: nothing of the run
+        session.execute(o.insert(), observations(start=10))
+        session.add(PartitionVerdict(run_id=run_id, partition="r1", state=PartitionState.PASSED))
+        _judged(session, run)
         t = schema.tables_in(session, dataset.name, services.settings.data_schema)
         query = materialise.missing_query(session, t, run_id)
 
@@ -665,11 +672,7 @@ def test_a_run_planned_from_statistics_that_predate_it_is_still_compared_by_a_ha
         def nestloop() -> str:
             return str(session.execute(text("SHOW enable_nestloop")).scalar_one())
 
-        run_rows = plan(
-            select(o.c.entity_key).where(
-                o.c.run_id == run_id, o.c.validation_state == ValidationState.VALID
-            )
-        )
+        run_rows = plan(select(o.c.entity_key).where(o.c.run_id == run_id))
         assert " rows=1 " in run_rows.splitlines()[0], run_rows  # the run looks like one row
         with materialise.whole_set_joins(session):
             assert nestloop() == "off"

@@ -79,7 +79,6 @@ def _stored(services: Services, run_id: str) -> dict[str, tuple[Any, ...]]:
                 o.payload_hash,
                 o.source_job_id,
                 o.source_attempt_id,
-                o.validation_state,
                 o.first_seen_at,
                 o.last_changed_at,
             ).where(o.run_id == run_id)

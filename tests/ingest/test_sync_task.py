@@ -937,8 +937,8 @@ def _race_for_a_new_key(services: Services, job_id: int, sku: str) -> tasks.Sync
             text(
                 "INSERT INTO observations (observation_key, dataset, entity_key, run_id, "
                 "collection_window, payload, payload_hash, source_job_id, source_attempt_id, "
-                "validation_state, first_seen_at, last_changed_at) VALUES (:key, 'products', "
-                ":sku, :run, :window, '{}', 'other', 1, 'other', 'pending', now(), now())"
+                "first_seen_at, last_changed_at) VALUES (:key, 'products', "
+                ":sku, :run, :window, '{}', 'other', 1, 'other', now(), now())"
             ),
             {"key": raced, "sku": sku, "run": target.run_id, "window": target.window},
         )  # not committed yet: the sync's insert of this key has to wait for it

@@ -93,7 +93,6 @@ def observe(session: Session, dataset: str, run_ids: list[str], entities: int) -
                 "payload_hash": "h" * 64,
                 "source_job_id": 1,
                 "source_attempt_id": "a",
-                "validation_state": "valid",
                 "first_seen_at": NOW,
                 "last_changed_at": NOW,
             }
@@ -110,7 +109,6 @@ def observe(session: Session, dataset: str, run_ids: list[str], entities: int) -
         "payload_hash",
         "source_job_id",
         "source_attempt_id",
-        "validation_state",
         "first_seen_at",
         "last_changed_at",
     ]
@@ -129,7 +127,6 @@ def observe(session: Session, dataset: str, run_ids: list[str], entities: int) -
                     o.c.payload_hash,
                     o.c.source_job_id,
                     o.c.source_attempt_id,
-                    o.c.validation_state,
                     o.c.first_seen_at,
                     o.c.last_changed_at,
                 ).where(o.c.run_id == first),
