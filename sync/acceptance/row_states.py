@@ -18,9 +18,10 @@ reader, in the verdict's transaction and after it, on PostgreSQL and SQLite.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, case, func, literal, not_, select
+from sqlalchemy import Select, and_, any_, case, func, literal, not_, select
+from sqlalchemy.orm import Session
 from sqlalchemy.sql.elements import ColumnElement
 
 from sync.acceptance.facts import NO_PARTITION
@@ -30,50 +31,60 @@ from sync.states import PartitionState, ValidationState
 _O = Observation.__table__.c
 
 
-def judged(run_id: str, rows: Any = _O) -> ColumnElement[bool]:
+def _among(session: Session, value: Any, names: Select[Any]) -> ColumnElement[bool]:
+    """``value`` is one of ``names`` (one column). On PostgreSQL the names are gathered once
+    into an array (``= ANY``): as ``IN (SELECT …)`` the planner joins them with the run, and
+    with a run's few imports it scans the run once per import (1,000,000 rows: 2.4 s against
+    0.74 s); SQLite reads its ``IN`` list once."""
+    if session.get_bind().dialect.name == "postgresql":
+        found: ColumnElement[bool] = value == any_(func.array(names.scalar_subquery()))
+        return found
+    return cast(ColumnElement[bool], value.in_(names))
+
+
+def judged(session: Session, run_id: str, rows: Any = _O) -> ColumnElement[bool]:
     """The rows of ``run_id`` (columns ``rows``: observations' or an alias's) that its last
     verdict judged: written by an import that made its judged version or an earlier one."""
     i = RunImport.__table__.c
     version = select(Run.judged_version).where(Run.run_id == run_id).scalar_subquery()
     imports = select(i.attempt_id).where(i.run_id == run_id, i.version <= version)
-    found: ColumnElement[bool] = rows.source_attempt_id.in_(imports)
-    return found
+    return _among(session, rows.source_attempt_id, imports)
 
 
-def passed(run_id: str, rows: Any = _O) -> ColumnElement[bool]:
+def passed(session: Session, run_id: str, rows: Any = _O) -> ColumnElement[bool]:
     """The rows of ``run_id`` in a partition its last verdict passed (judged or not)."""
     v = PartitionVerdict.__table__.c
     names = select(v.partition).where(v.run_id == run_id, v.state == PartitionState.PASSED)
-    return func.coalesce(rows.partition, literal(NO_PARTITION)).in_(names)
+    return _among(session, func.coalesce(rows.partition, literal(NO_PARTITION)), names)
 
 
-def valid(run_id: str, rows: Any = _O) -> ColumnElement[bool]:
+def valid(session: Session, run_id: str, rows: Any = _O) -> ColumnElement[bool]:
     """The run's valid rows: judged, in a partition that passed."""
-    return and_(rows.run_id == run_id, judged(run_id, rows), passed(run_id, rows))
+    return and_(rows.run_id == run_id, judged(session, run_id, rows), passed(session, run_id, rows))
 
 
-def pending(run_id: str, rows: Any = _O) -> ColumnElement[bool]:
+def pending(session: Session, run_id: str, rows: Any = _O) -> ColumnElement[bool]:
     """The run's rows written since its last verdict's snapshot."""
-    return not_(judged(run_id, rows))
+    return not_(judged(session, run_id, rows))
 
 
-def state(run_id: str, rows: Any = _O) -> ColumnElement[str]:
+def state(session: Session, run_id: str, rows: Any = _O) -> ColumnElement[str]:
     """Each row's state, by name: ``pending``, ``valid`` or ``quarantined``."""
     return case(
-        (pending(run_id, rows), literal(ValidationState.PENDING.value)),
-        (passed(run_id, rows), literal(ValidationState.VALID.value)),
+        (pending(session, run_id, rows), literal(ValidationState.PENDING.value)),
+        (passed(session, run_id, rows), literal(ValidationState.VALID.value)),
         else_=literal(ValidationState.QUARANTINED.value),
     )
 
 
 def valid_sql(run_param: str = ":run_id", alias: str = "o") -> str:
-    """:func:`valid`'s conditions as SQL text for a statement written by hand, on observations
-    aliased ``alias``, the run's id bound as ``run_param``."""
+    """:func:`valid`'s conditions as SQL text for a PostgreSQL statement written by hand, on
+    observations aliased ``alias``, the run's id bound as ``run_param``."""
     return (
-        f"{alias}.run_id = {run_param} AND {alias}.source_attempt_id IN "  # noqa: S608 - names only
-        f"(SELECT i.attempt_id FROM run_imports i WHERE i.run_id = {run_param} "
-        f"AND i.version <= (SELECT r.judged_version FROM runs r WHERE r.run_id = {run_param})) "
-        f"AND COALESCE({alias}.partition, '{NO_PARTITION}') IN (SELECT pv.partition FROM "
-        f"partition_verdicts pv WHERE pv.run_id = {run_param} "
-        f"AND pv.state = '{PartitionState.PASSED}')"
+        f"{alias}.run_id = {run_param} AND {alias}.source_attempt_id = ANY(ARRAY(SELECT "  # noqa: S608 - names only
+        f"i.attempt_id FROM run_imports i WHERE i.run_id = {run_param} "
+        f"AND i.version <= (SELECT r.judged_version FROM runs r WHERE r.run_id = {run_param}))) "
+        f"AND COALESCE({alias}.partition, '{NO_PARTITION}') = ANY(ARRAY(SELECT "
+        f"pv.partition FROM partition_verdicts pv WHERE pv.run_id = {run_param} "
+        f"AND pv.state = '{PartitionState.PASSED}'))"
     )

@@ -280,7 +280,7 @@ def _valid_rows(session: Session, run_id: str) -> Iterator[tuple[str, str | None
             Observation.payload,
             Observation.payload_hash,
         )
-        .where(row_states.valid(run_id))
+        .where(row_states.valid(session, run_id))
         .order_by(Observation.entity_key.collate(collation), Observation.observation_key)
         .execution_options(yield_per=2000)
     )
@@ -290,7 +290,7 @@ def _valid_rows(session: Session, run_id: str) -> Iterator[tuple[str, str | None
 
 def _valid_count(session: Session, run_id: str) -> int:
     return session.execute(
-        select(func.count()).select_from(Observation).where(row_states.valid(run_id))
+        select(func.count()).select_from(Observation).where(row_states.valid(session, run_id))
     ).scalar_one()
 
 

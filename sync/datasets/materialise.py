@@ -318,11 +318,13 @@ def _copy_plain_first(session: Session, dataset: Dataset, tables: DatasetTables,
     )
 
 
-def _valid(run_id: str) -> Any:
-    return row_states.valid(run_id)
+def _valid(session: Session, run_id: str) -> Any:
+    return row_states.valid(session, run_id)
 
 
-def _seen_query(tables: DatasetTables, run_id: str, *, among: bool = False) -> Select[Any]:
+def _seen_query(
+    session: Session, tables: DatasetTables, run_id: str, *, among: bool = False
+) -> Select[Any]:
     """The run's valid observations whose entity ``X`` lacks or holds with another payload hash,
     with the row ``X`` holds of it (``among``: of the observations in ``pub_seen``)."""
     o = Observation.__table__.c
@@ -345,7 +347,7 @@ def _seen_query(tables: DatasetTables, run_id: str, *, among: bool = False) -> S
         .where(
             # pub_seen holds only the run's valid observations, and its ids lead the plan: a
             # filter on the run would be planned from statistics that predate the run
-            true() if among else _valid(run_id),
+            true() if among else _valid(session, run_id),
             x.entity_key.is_(None) | (x.payload_hash != o.payload_hash),
         )
     )
@@ -360,13 +362,13 @@ def _new_and_changed(
     the run has their entity, so writing while reading changes no later batch."""
     names = [c.name for c in tables.columns]
     if among:  # a few rows, found by their ids
-        parts = _batches(session, _seen_query(tables, run_id, among=True))
+        parts = _batches(session, _seen_query(session, tables, run_id, among=True))
     else:
         # Planned for a fast start (a cursor) on statistics taken before the run was
         # published, the join became a nested loop scanning X once per observation while the
         # batches grow X: quadratic. A hash join reads X once, when the cursor opens.
         with whole_set_joins(session):
-            parts = _batches(session, _seen_query(tables, run_id))
+            parts = _batches(session, _seen_query(session, tables, run_id))
     for part in parts:
         yield [
             _Seen(
@@ -394,7 +396,7 @@ def _batches(session: Session, query: Select[Any]) -> Iterator[Sequence[RowMappi
 def _new_fields(session: Session, tables: DatasetTables, run: Run) -> set[str]:
     """The fields of the run's new and changed records, found by the database (a dataset
     without a ``[columns]`` table gets a text column for each)."""
-    seen = _seen_query(tables, run.run_id).subquery()
+    seen = _seen_query(session, tables, run.run_id).subquery()
     if dataset_schema.dialect_of(session) == "postgresql":
         keys = select(func.jsonb_object_keys(cast(seen.c._payload, JSONB))).distinct()
     else:
@@ -409,9 +411,9 @@ def missing_query(session: Session, tables: DatasetTables, run_id: str) -> Selec
     x = tables.current.c
     names = [c.name for c in tables.columns]
     if dataset_schema.dialect_of(session) == "postgresql":  # a hash anti-join
-        absent = ~exists().where(_valid(run_id), o.entity_key == x.entity_key)
+        absent = ~exists().where(_valid(session, run_id), o.entity_key == x.entity_key)
     else:  # SQLite makes the list an ephemeral index, where NOT EXISTS scans per row
-        absent = x.entity_key.not_in(select(o.entity_key).where(_valid(run_id)))
+        absent = x.entity_key.not_in(select(o.entity_key).where(_valid(session, run_id)))
     return select(x.entity_key, x.partition, *(x[n] for n in names)).where(absent)
 
 
@@ -445,7 +447,7 @@ def _missing(
 
 def _valid_count(session: Session, run_id: str) -> int:
     """How many valid observations the run holds."""
-    return int(session.execute(select(func.count()).where(_valid(run_id))).scalar_one())
+    return int(session.execute(select(func.count()).where(_valid(session, run_id))).scalar_one())
 
 
 def _has_rows(session: Session, tables: DatasetTables) -> bool:
@@ -479,7 +481,7 @@ def _take_unchanged(session: Session, tables: DatasetTables, run: Run) -> None:
             update(tables.current)
             .where(
                 x.run_id != run.run_id,
-                x.entity_key.in_(select(o.entity_key).where(_valid(run.run_id))),
+                x.entity_key.in_(select(o.entity_key).where(_valid(session, run.run_id))),
             )
             .values(
                 run_id=run.run_id,

@@ -196,6 +196,6 @@ def withdraw(
 def _valid_records(session: Session, run_id: str) -> int:
     return int(
         session.execute(
-            select(func.count()).select_from(Observation).where(row_states.valid(run_id))
+            select(func.count()).select_from(Observation).where(row_states.valid(session, run_id))
         ).scalar_one()
     )

@@ -168,10 +168,10 @@ def import_groups(run: Run) -> list[tuple[str | None, str | None, int]] | None:
     return [(partition, shape, int(n)) for partition, shape, n in kept["groups"]]
 
 
-def _states(run_id: str) -> list[Any]:
+def _states(session: Session, run_id: str) -> list[Any]:
     """How many rows pending, valid and quarantined (:mod:`sync.acceptance.row_states`)."""
-    judged = row_states.judged(run_id)
-    passed = row_states.passed(run_id)
+    judged = row_states.judged(session, run_id)
+    passed = row_states.passed(session, run_id)
     return [
         func.sum(case((judged, 0), else_=1)),
         func.sum(case((and_(judged, passed), 1), else_=0)),
@@ -187,7 +187,7 @@ def _groups(session: Session, run_id: str, prefix: str, *, keep_pending: bool) -
     if not keep_pending:
         kept = o.shape.startswith(prefix, autoescape=True)
         return session.execute(
-            select(o.partition, case((kept, o.shape)), func.count(), *_states(run_id))
+            select(o.partition, case((kept, o.shape)), func.count(), *_states(session, run_id))
             .where(o.run_id == run_id)
             .group_by(o.partition, case((kept, o.shape)))
         ).all()
@@ -200,19 +200,18 @@ def _groups(session: Session, run_id: str, prefix: str, *, keep_pending: bool) -
         text(
             # the ids gathered per group, server-side (a scan kept for two readers would be
             # written aside whole)
-            "WITH j AS (SELECT i.attempt_id FROM run_imports i WHERE i.run_id = :run_id "  # noqa: S608 - constants
-            "AND i.version <= (SELECT r.judged_version FROM runs r WHERE r.run_id = :run_id)), "
-            "p AS (SELECT v.partition FROM partition_verdicts v WHERE v.run_id = :run_id "
-            "AND v.state = :passed), "
-            "g AS (SELECT partition, "
+            "WITH g AS (SELECT partition, "  # noqa: S608 - constants
             "CASE WHEN left(shape, :length) = :prefix THEN shape END AS found, count(*) AS n, "
             "count(*) FILTER (WHERE NOT judged) AS pending, "
             "count(*) FILTER (WHERE judged AND passed) AS valid, "
             "count(*) FILTER (WHERE judged AND NOT passed) AS quarantined, "
             "array_agg(id) FILTER (WHERE NOT judged) AS ids "
             "FROM (SELECT o.id, o.partition, o.shape, "
-            "o.source_attempt_id IN (SELECT attempt_id FROM j) AS judged, "
-            "COALESCE(o.partition, :none) IN (SELECT partition FROM p) AS passed "
+            "o.source_attempt_id = ANY(ARRAY(SELECT i.attempt_id FROM run_imports i "
+            "WHERE i.run_id = :run_id AND i.version <= "
+            "(SELECT r.judged_version FROM runs r WHERE r.run_id = :run_id))) AS judged, "
+            "COALESCE(o.partition, :none) = ANY(ARRAY(SELECT v.partition FROM "
+            "partition_verdicts v WHERE v.run_id = :run_id AND v.state = :passed)) AS passed "
             # (OFFSET 0: each row's two tests once, not once per count that reads them)
             "FROM observations o WHERE o.run_id = :run_id OFFSET 0) AS r GROUP BY 1, 2), "
             f"kept AS (INSERT INTO {PENDING} (id) SELECT unnest(ids) FROM g) "

@@ -50,8 +50,8 @@ def sync(web: Flask, services: Services, job_id: int) -> None:
 
 def states_of(services: Services, run_id: str) -> dict[str | None, dict[str, int]]:
     """How many of a run's observations are in each validation state, per partition."""
-    state = row_states.state(run_id)
     with services.uow.begin() as session:
+        state = row_states.state(session, run_id)
         rows = session.execute(
             select(Observation.partition, state, func.count())
             .where(Observation.run_id == run_id)

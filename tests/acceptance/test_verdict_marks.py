@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from sqlalchemy import event, select, text
+from sqlalchemy import event, func, select, text
 
 from simulator import CloudState
 from sync.acceptance import row_states
@@ -78,7 +78,7 @@ def _states(services: Services, run_id: str) -> Counter[tuple[str | None, str]]:
     o = Observation.__table__.c
     with services.uow.begin() as session:
         rows = session.execute(
-            select(o.partition, row_states.state(run_id)).where(o.run_id == run_id)
+            select(o.partition, row_states.state(session, run_id)).where(o.run_id == run_id)
         ).all()
     return Counter((partition, state) for partition, state in rows)
 
@@ -266,3 +266,36 @@ def test_a_first_verdict_leaves_every_row_of_the_run_as_the_sync_wrote_it(
     assert versions() == written
     assert _states(services, run_id) == Counter({(r, "valid"): 30 for r in RETAILERS})
     assert len(_table(services)) == 120
+
+
+def test_a_run_of_many_imports_is_read_once_to_find_its_valid_rows(
+    services: Services, cloud: CloudState
+) -> None:
+    """The valid rows of a run that several imports wrote (a job and two "Continue"s) are
+    found in one pass over the run: the judged imports and passed partitions are gathered
+    once, never joined with the run (which would read it once per import)."""
+    records = product_records(40)
+    job_id = _published(services, cloud, records)
+    run_id = run_id_of(job_id)
+    for more, price in enumerate(("1.25", "2.50")):
+        records = [dict(r, price=price) if i % 4 == 0 else r for i, r in enumerate(records)]
+        records += product_records(1, start=800 + more)  # a "Continue" reads more records
+        _continued(services, cloud, job_id, records)
+        assert _evaluate(services, run_id) == "published"
+    with services.uow.begin() as session:
+        imports = session.execute(
+            text("SELECT count(*) FROM run_imports WHERE run_id = :run"), {"run": run_id}
+        ).scalar_one()
+        query = (
+            select(func.count()).select_from(Observation).where(row_states.valid(session, run_id))
+        )
+        sql = query.compile(session.get_bind(), compile_kwargs={"literal_binds": True})
+        plan = "\n".join(session.execute(text(f"EXPLAIN ANALYZE {sql}")).scalars())
+        valid = session.execute(query).scalar_one()
+    assert (imports, valid) == (3, 42)
+    # the imports and the partitions read once each, beside the run: never joined with it
+    assert "Join" not in plan, plan
+    assert "Nested Loop" not in plan, plan
+    scans = [line for line in plan.splitlines() if " on observations" in line]
+    assert scans, plan
+    assert all("loops=1)" in line for line in scans), plan

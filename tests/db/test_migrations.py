@@ -115,7 +115,7 @@ def test_the_verdicts_written_into_rows_carry_over_to_the_verdicts_per_partition
         with uow.begin() as session:
             found = dict(
                 session.execute(
-                    select(Observation.entity_key, row_states.state("r")).where(
+                    select(Observation.entity_key, row_states.state(session, "r")).where(
                         Observation.run_id == "r"
                     )
                 ).all()
