@@ -77,14 +77,28 @@ def state(session: Session, run_id: str, rows: Any = _O) -> ColumnElement[str]:
     )
 
 
-def valid_sql(run_param: str = ":run_id", alias: str = "o") -> str:
-    """:func:`valid`'s conditions as SQL text for a PostgreSQL statement written by hand, on
-    observations aliased ``alias``, the run's id bound as ``run_param``."""
+def judged_sql(run_param: str = ":run_id", alias: str = "o") -> str:
+    """:func:`judged` as SQL text for a PostgreSQL statement written by hand, on observations
+    aliased ``alias``, the run's id bound as ``run_param``."""
     return (
-        f"{alias}.run_id = {run_param} AND {alias}.source_attempt_id = ANY(ARRAY(SELECT "  # noqa: S608 - names only
-        f"i.attempt_id FROM run_imports i WHERE i.run_id = {run_param} "
-        f"AND i.version <= (SELECT r.judged_version FROM runs r WHERE r.run_id = {run_param}))) "
-        f"AND COALESCE({alias}.partition, '{NO_PARTITION}') = ANY(ARRAY(SELECT "
-        f"pv.partition FROM partition_verdicts pv WHERE pv.run_id = {run_param} "
+        f"{alias}.source_attempt_id = ANY(ARRAY(SELECT i.attempt_id FROM run_imports i "  # noqa: S608 - names only
+        f"WHERE i.run_id = {run_param} AND i.version <= "
+        f"(SELECT r.judged_version FROM runs r WHERE r.run_id = {run_param})))"
+    )
+
+
+def passed_sql(run_param: str = ":run_id", alias: str = "o") -> str:
+    """:func:`passed` as SQL text (see :func:`judged_sql`)."""
+    return (
+        f"COALESCE({alias}.partition, '{NO_PARTITION}') = ANY(ARRAY(SELECT pv.partition "  # noqa: S608 - names only
+        f"FROM partition_verdicts pv WHERE pv.run_id = {run_param} "
         f"AND pv.state = '{PartitionState.PASSED}'))"
+    )
+
+
+def valid_sql(run_param: str = ":run_id", alias: str = "o") -> str:
+    """:func:`valid` as SQL text (see :func:`judged_sql`)."""
+    return (
+        f"{alias}.run_id = {run_param} AND {judged_sql(run_param, alias)} "
+        f"AND {passed_sql(run_param, alias)}"
     )

@@ -43,7 +43,7 @@ from sync.acceptance import row_states
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
 from sync.acceptance.records import add_shape, tally_record
 from sync.models import Observation, Run
-from sync.states import PartitionState, ValidationState
+from sync.states import ValidationState
 
 BATCH = 5000  # rows read, and shapes staged, at a time
 STAGED = "obs_shapes"  # the shapes found by this evaluation, until its verdict writes them
@@ -207,11 +207,7 @@ def _groups(session: Session, run_id: str, prefix: str, *, keep_pending: bool) -
             "count(*) FILTER (WHERE judged AND NOT passed) AS quarantined, "
             "array_agg(id) FILTER (WHERE NOT judged) AS ids "
             "FROM (SELECT o.id, o.partition, o.shape, "
-            "o.source_attempt_id = ANY(ARRAY(SELECT i.attempt_id FROM run_imports i "
-            "WHERE i.run_id = :run_id AND i.version <= "
-            "(SELECT r.judged_version FROM runs r WHERE r.run_id = :run_id))) AS judged, "
-            "COALESCE(o.partition, :none) = ANY(ARRAY(SELECT v.partition FROM "
-            "partition_verdicts v WHERE v.run_id = :run_id AND v.state = :passed)) AS passed "
+            f"{row_states.judged_sql()} AS judged, {row_states.passed_sql()} AS passed "
             # (OFFSET 0: each row's two tests once, not once per count that reads them)
             "FROM observations o WHERE o.run_id = :run_id OFFSET 0) AS r GROUP BY 1, 2), "
             f"kept AS (INSERT INTO {PENDING} (id) SELECT unnest(ids) FROM g) "
@@ -221,8 +217,6 @@ def _groups(session: Session, run_id: str, prefix: str, *, keep_pending: bool) -
             "run_id": run_id,
             "length": len(prefix),
             "prefix": prefix,
-            "passed": PartitionState.PASSED.value,
-            "none": NO_PARTITION,
         },
     ).all()
     connection.execute(text(f"ANALYZE {PENDING}"))
