@@ -318,10 +318,6 @@ def _copy_plain_first(session: Session, dataset: Dataset, tables: DatasetTables,
     )
 
 
-def _valid(session: Session, run_id: str) -> Any:
-    return row_states.valid(session, run_id)
-
-
 def _seen_query(
     session: Session, tables: DatasetTables, run_id: str, *, among: bool = False
 ) -> Select[Any]:
@@ -347,7 +343,7 @@ def _seen_query(
         .where(
             # pub_seen holds only the run's valid observations, and its ids lead the plan: a
             # filter on the run would be planned from statistics that predate the run
-            true() if among else _valid(session, run_id),
+            true() if among else row_states.valid(session, run_id),
             x.entity_key.is_(None) | (x.payload_hash != o.payload_hash),
         )
     )
@@ -411,9 +407,9 @@ def missing_query(session: Session, tables: DatasetTables, run_id: str) -> Selec
     x = tables.current.c
     names = [c.name for c in tables.columns]
     if dataset_schema.dialect_of(session) == "postgresql":  # a hash anti-join
-        absent = ~exists().where(_valid(session, run_id), o.entity_key == x.entity_key)
+        absent = ~exists().where(row_states.valid(session, run_id), o.entity_key == x.entity_key)
     else:  # SQLite makes the list an ephemeral index, where NOT EXISTS scans per row
-        absent = x.entity_key.not_in(select(o.entity_key).where(_valid(session, run_id)))
+        absent = x.entity_key.not_in(select(o.entity_key).where(row_states.valid(session, run_id)))
     return select(x.entity_key, x.partition, *(x[n] for n in names)).where(absent)
 
 
@@ -447,7 +443,8 @@ def _missing(
 
 def _valid_count(session: Session, run_id: str) -> int:
     """How many valid observations the run holds."""
-    return int(session.execute(select(func.count()).where(_valid(session, run_id))).scalar_one())
+    valid = select(func.count()).where(row_states.valid(session, run_id))
+    return int(session.execute(valid).scalar_one())
 
 
 def _has_rows(session: Session, tables: DatasetTables) -> bool:
@@ -481,7 +478,7 @@ def _take_unchanged(session: Session, tables: DatasetTables, run: Run) -> None:
             update(tables.current)
             .where(
                 x.run_id != run.run_id,
-                x.entity_key.in_(select(o.entity_key).where(_valid(session, run.run_id))),
+                x.entity_key.in_(select(o.entity_key).where(row_states.valid(session, run.run_id))),
             )
             .values(
                 run_id=run.run_id,
