@@ -50,10 +50,13 @@ def _services(*, cloud: bool = False) -> Services:
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 def sync_command(job_id: int, force: bool, as_json: bool) -> None:
     """Synchronise one Cloud scraping job now, in the foreground."""
+    from sync import warm
     from sync.ingest import intake, tasks
+    from sync.runs import evaluation
 
     services = _services(cloud=True)
     logs.configure()
+    warm.warm()  # this command is the work horse: ready before its attempt starts
     wish = intake.want_sync(services, job_id, queue=False).wish  # this command is the worker
     progress = Progress(enabled=_interactive() and not as_json)
     try:
@@ -89,8 +92,6 @@ def sync_command(job_id: int, force: bool, as_json: bool) -> None:
         and result.state == TaskState.COMMITTED
         and result.run_id
     ):
-        from sync.runs import evaluation
-
         verdict = evaluation.evaluate_run(services, result.run_id, force=force)
         if not as_json:
             echo(f"run {result.run_id}: {verdict.state} ({verdict.outcome})")

@@ -18,7 +18,7 @@ from rq.exceptions import StopRequested
 from rq.worker import HerokuWorker
 
 from config.settings import ConfigError, Settings
-from sync import bootstrap, logs
+from sync import bootstrap, logs, warm
 from sync.db import require_database
 from sync.operations import maintenance
 
@@ -89,6 +89,7 @@ class SyncWorker(BoundedUnsubscribe, HerokuWorker):
         logs.configure()
         services = bootstrap.build(self.settings, role="maintenance")
         burst = bool(kwargs.get("burst", args[0] if args else False))
+        warm.warm()  # once, in the process every work horse is forked from
         loop = maintenance.MaintenanceLoop(services, owner=self.name)
         if burst:
             loop.tick()
