@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections import deque
+from array import array
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 import orjson
@@ -30,7 +32,9 @@ _EARLY = (
     "e->>6 AS payload_hash, decode(e->>7, 'hex') AS line_digest, e->>8 AS shape "
     "FROM jsonb_array_elements(convert_from(%(batch)b, 'UTF8')::jsonb) AS e), "
     "s AS MATERIALIZED (SELECT k.*, o.id AS stored_id, o.payload_hash AS stored_hash, "
-    "o.line_digest AS stored_digest FROM k LEFT JOIN observations o "
+    "o.line_digest AS stored_digest, o.partition AS stored_partition, "
+    "o.shape AS stored_shape, o.source_attempt_id AS stored_attempt "
+    "FROM k LEFT JOIN observations o "
     "ON o.observation_key = k.observation_key AND o.run_id = %(run_id)s), "
     f"staged AS (INSERT INTO obs_staging ({KEY_COLUMNS}) SELECT {KEY_COLUMNS} FROM k), "
     "changed AS (UPDATE observations o SET payload = s.payload, "
@@ -38,15 +42,51 @@ _EARLY = (
     "start_url = s.start_url, entity_key = s.entity_key, source_job_id = %(job_id)s, "
     "source_attempt_id = %(attempt_id)s, shape = s.shape, last_changed_at = %(now)s FROM s "
     "WHERE o.id = s.stored_id AND s.stored_hash <> s.payload_hash "
-    "AND o.payload_hash <> s.payload_hash RETURNING 1), "
+    "AND o.payload_hash <> s.payload_hash "
+    "RETURNING o.id, o.partition, o.shape, s.stored_partition, s.stored_shape, s.stored_attempt), "
     f"new AS (INSERT INTO observations ({WRITTEN_COLUMNS}, shape) "
     "SELECT s.observation_key, %(dataset)s, s.entity_key, %(run_id)s, %(window)s, s.partition, "
     "s.start_url, s.payload, s.payload_hash, s.line_digest, %(job_id)s, "
     "%(attempt_id)s, %(now)s, %(now)s, s.shape FROM s "
-    "WHERE s.stored_id IS NULL RETURNING 1) "
+    "WHERE s.stored_id IS NULL RETURNING id, partition, shape) "
     "SELECT (SELECT count(*) FROM changed), (SELECT count(*) FROM new), "
-    "ARRAY(SELECT stored_digest FROM s WHERE stored_digest IS NOT NULL)"
+    "ARRAY(SELECT stored_digest FROM s WHERE stored_digest IS NOT NULL), "
+    # what the batch replaced and wrote, per group of rows (see sync.runs.shapes), and the ids
+    "(SELECT json_agg(json_build_array(stored_partition, stored_shape, stored_attempt, n)) "
+    "FROM (SELECT stored_partition, stored_shape, stored_attempt, count(*) AS n FROM changed "
+    "GROUP BY 1, 2, 3) AS g), "
+    "(SELECT json_agg(json_build_array(partition, shape, n)) FROM (SELECT partition, shape, "
+    "count(*) AS n FROM (SELECT partition, shape FROM changed UNION ALL "
+    "SELECT partition, shape FROM new) AS w GROUP BY 1, 2) AS g), "
+    "ARRAY(SELECT id FROM changed UNION ALL SELECT id FROM new)"
 )
+
+
+# the most row ids an import keeps for its run's next evaluation (8 bytes each; a sync that
+# wrote more has that evaluation pass over the run instead, see sync.runs.shapes)
+MAX_WRITTEN_IDS = 250_000
+
+
+@dataclass
+class RowsWritten:
+    """What an early merge wrote, per group of rows (see :mod:`sync.runs.shapes`): the rows it
+    replaced by (partition, stored shape, attempt that wrote them), the rows it wrote by
+    (partition, shape), and their ids while they are few enough to keep."""
+
+    replaced: Counter[tuple[str | None, str | None, str]] = field(default_factory=Counter)
+    wrote: Counter[tuple[str | None, str | None]] = field(default_factory=Counter)
+    ids: array[int] | None = field(default_factory=lambda: array("q"))
+
+    def add(self, replaced: Any, wrote: Any, ids: list[int]) -> None:
+        """Count one batch's statement's result in."""
+        for partition, shape, attempt, n in replaced or ():
+            self.replaced[partition, shape, attempt] += n
+        for partition, shape, n in wrote or ():
+            self.wrote[partition, shape] += n
+        if self.ids is not None:
+            self.ids.extend(ids)
+            if len(self.ids) > MAX_WRITTEN_IDS:
+                self.ids = None
 
 
 class EarlyMerge:
@@ -85,6 +125,7 @@ class EarlyMerge:
         self.keys: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the stager
         self.failed: str | None = None  # why the server refused a statement
         self.inserted = self.updated = 0
+        self.rows = RowsWritten()
 
     def send(
         self, rows: list[tuple[Any, ...]], payloads: list[str], shapes: list[str | None]
@@ -126,6 +167,7 @@ class EarlyMerge:
             self.inserted += row[1]
             if row[2]:
                 self._stored(row[2])
+            self.rows.add(row[3], row[4], row[5])
 
     def finish(self) -> bool:
         """Wait for every statement: whether all of them went through."""

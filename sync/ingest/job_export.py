@@ -5,7 +5,6 @@ downloads for the merge into observations (see :mod:`sync.ingest.staging`)."""
 from __future__ import annotations
 
 import functools
-from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,7 +17,7 @@ from sync.cloud.client import CloudClient
 from sync.cloud.download import Line
 from sync.cloud.jobs import CloudJob
 from sync.identity import RecordIdentity
-from sync.ingest import records, repeat, staging
+from sync.ingest import records, repeat, run_rows, staging
 from sync.ingest.line_digests import LineDigests
 from sync.ingest.staging import UpsertCounts
 from sync.ingest.store import Lease
@@ -46,7 +45,7 @@ class Staged:
     source: staging.Source
     read: records.ExportRead
     digest: repeat.ExportDigest
-    empty_at: int | None = None  # the run's data version when the import found it empty
+    start: int | None = None  # the run's data version when the import began (PostgreSQL)
 
     def merge(self, now: datetime) -> Imported:
         """Merge the staged records, stamped ``now``."""
@@ -54,13 +53,26 @@ class Staged:
         invalid = self.read.invalid
         return Imported(counts, self.read, invalid.count, invalid.as_detail(), self.digest)
 
-    def only_rows(self, version: int) -> Counter[tuple[str | None, str | None]] | None:
-        """The rows this import wrote per (partition, shape), when they are the run's only
-        rows at the data version its commit counted up to: copied straight into a run found
-        empty at the version before, and counted as they went."""
-        if self.empty_at is None or version != self.empty_at + 1:
+    def groups_change(self, version: int) -> run_rows.GroupsChange | None:
+        """How this import changed the run's rows per group (see :mod:`sync.runs.shapes`),
+        when it can tell: its commit counted the run's data version up by one from the
+        version it began at (no other import committed meanwhile), and it copied every row
+        straight into the run it found empty, or merged them while the export downloaded."""
+        stager = self.stager
+        if self.start is None or version != self.start + 1:
             return None
-        return self.stager.copied_groups
+        if not stager.keys_first and stager.copied_groups is not None:
+            return run_rows.GroupsChange(self.start, replaces_all=True, wrote=stager.copied_groups)
+        written = stager.written
+        if written is None:
+            return None
+        return run_rows.GroupsChange(
+            self.start,
+            replaces_all=False,
+            wrote=written.wrote,
+            replaced=written.replaced,
+            ids=None if written.ids is None else list(written.ids),
+        )
 
 
 def read_export(
@@ -130,7 +142,7 @@ def _stage(
         attempt_id=lease.attempt_id,
         now=services.clock(),
     )
-    keys_first, empty_at = staging.empty_run_version(session, target.run_id)
+    keys_first, start = staging.run_version(session, target.run_id)
     known = LineDigests(rules)  # every line is parsed, and digested to be stored, but:
     if keys_first and not target.frozen_partitions:
         # lines a row of the run was written from are known unchanged without parsing
@@ -160,4 +172,4 @@ def _stage(
     except BaseException as exc:
         stager.abort(exc)
         raise
-    return Staged(stager, source, read, digest, empty_at)
+    return Staged(stager, source, read, digest, start)

@@ -4,15 +4,18 @@ it. Functions take a session and never commit."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import update
+from sqlalchemy import null, select, update
 from sqlalchemy.orm import Session
 
 from sync.cloud.jobs import CloudJob
 from sync.db import insert
+from sync.ingest.direct_copy import MAX_GROUPS
 from sync.models import Run, RunImport, ScrapingJob
 from sync.states import RunState
 
@@ -86,28 +89,71 @@ def count_import(session: Session, run_id: str) -> int:
     )
 
 
-def record_import(session: Session, run_id: str, attempt_id: str, version: int) -> None:
+def record_import(
+    session: Session,
+    run_id: str,
+    attempt_id: str,
+    version: int,
+    *,
+    written: list[int] | None = None,
+) -> None:
     """Record that ``attempt_id``'s import, committing with this transaction, made the run's
     data ``version``: a verdict that judges that version judges the rows it wrote
-    (:mod:`sync.acceptance.row_states`)."""
+    (:mod:`sync.acceptance.row_states`). ``written``: the ids of the rows it wrote, when it
+    kept them (the run's next evaluation then finds its pending rows without a pass)."""
     session.execute(
         insert(session, RunImport)
-        .values(run_id=run_id, attempt_id=attempt_id, version=version)
+        .values(
+            run_id=run_id,
+            attempt_id=attempt_id,
+            version=version,
+            written=null() if written is None else written,  # SQL NULL, not JSON's
+        )
         .on_conflict_do_nothing(index_elements=["run_id", "attempt_id"])
     )
 
 
-def keep_import_tally(
-    session: Session, run_id: str, version: int, groups: Mapping[tuple[str | None, str | None], int]
+@dataclass(frozen=True)
+class GroupsChange:
+    """How one import changed its run's rows per group (partition, stored shape, attempt
+    that last wrote the row: see :mod:`sync.runs.shapes`), from the data version ``start``
+    it began at: the rows it wrote per (partition, shape), and either every row of the run
+    (``replaces_all``: it copied into a run it found empty) or the rows its writes replaced."""
+
+    start: int
+    replaces_all: bool
+    wrote: Mapping[tuple[str | None, str | None], int]
+    replaced: Mapping[tuple[str | None, str | None, str], int] = field(default_factory=dict)
+    ids: list[int] | None = None  # the ids of the rows it wrote, when it kept them
+
+
+def keep_row_groups(
+    session: Session, run_id: str, attempt_id: str, version: int, change: GroupsChange | None
 ) -> None:
-    """Keep with the run what its only rows are at ``version`` (the import that wrote them
-    just counted the run up to it): how many per partition and record shape. The run's first
-    evaluation counts them from here instead of passing over the run (:mod:`sync.runs.shapes`)."""
-    tally = {
-        "version": version,
-        "groups": [[partition, shape, n] for (partition, shape), n in groups.items()],
-    }
-    session.execute(update(Run).where(Run.run_id == run_id).values(import_tally=tally))
+    """Keep with the run its rows per group at ``version``, the data version this import's
+    commit just counted up to (the run's row is locked since), when they follow from the
+    import's ``change``: every row of the run, or a change from the groups kept at the version
+    the import began at, the version before. Otherwise the groups kept stay at an older
+    version, which no evaluation trusts (it passes over the run instead)."""
+    if change is None or change.start != version - 1:
+        return
+    groups: Counter[tuple[str | None, str | None, str]] = Counter()
+    if not change.replaces_all:
+        kept = session.execute(select(Run.row_groups).where(Run.run_id == run_id)).scalar_one()
+        if kept is None or kept["version"] != change.start:
+            return
+        groups.update({(p, s, a): n for p, s, a, n in kept["groups"]})
+        groups.subtract(change.replaced)
+    for (partition, shape), n in change.wrote.items():
+        groups[partition, shape, attempt_id] += n
+    if min(groups.values(), default=0) < 0 or len(groups) > MAX_GROUPS:
+        return  # not the rows the groups said (never expected), or too many groups to keep
+    rows = [[p, s, a, n] for (p, s, a), n in groups.items() if n]
+    session.execute(
+        update(Run)
+        .where(Run.run_id == run_id)
+        .values(row_groups={"version": version, "groups": rows})
+    )
 
 
 def evaluation_suffix(data_version: int) -> str:

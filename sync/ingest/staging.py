@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 from sync.identity import Identified
 from sync.ingest import early_merge, staged_merge
 from sync.ingest.direct_copy import DirectCopy
-from sync.ingest.early_merge import EarlyMerge
+from sync.ingest.early_merge import EarlyMerge, RowsWritten
 from sync.ingest.line_digests import LineDigests
 from sync.ingest.source import KEY_COLUMNS, STAGED_COLUMNS, Source
 from sync.ingest.staged_merge import DUPLICATES
@@ -49,12 +49,12 @@ _STAGING = (
 )
 
 
-def empty_run_version(session: Session, run_id: str) -> tuple[bool, int | None]:
+def run_version(session: Session, run_id: str) -> tuple[bool, int | None]:
     """Whether a stager of the run stages keys first (as :func:`stages_keys_first` says) and,
-    when it does not on PostgreSQL, the run's data version read in the same snapshot as the
-    absence of its rows (1 for a run not recorded yet: its first import counts up from there).
-    An import that then counts the version up by exactly one wrote the run's only rows: any
-    other import committed meanwhile would have counted it up first."""
+    on PostgreSQL, the run's data version read in the same snapshot (1 for a run not recorded
+    yet: its first import counts up from there), before the import writes anything. An import
+    that then counts the version up by exactly one saw every row it replaced as the run held
+    it at that version: any other import committed meanwhile would have counted it up first."""
     conn = session.connection()
     if conn.dialect.name != "postgresql":
         return False, None
@@ -65,13 +65,13 @@ def empty_run_version(session: Session, run_id: str) -> tuple[bool, int | None]:
         ),
         {"run_id": run_id},
     ).one()
-    return bool(has_rows), None if has_rows else (version if version is not None else 1)
+    return bool(has_rows), version if version is not None else 1
 
 
 def stages_keys_first(session: Session, run_id: str) -> bool:
     """Whether a stager of the run stages keys first: on PostgreSQL, when the run holds
     observations already (see :class:`ObservationStager`)."""
-    return empty_run_version(session, run_id)[0]
+    return run_version(session, run_id)[0]
 
 
 class ObservationStager:
@@ -147,6 +147,7 @@ class ObservationStager:
         # the stored digests of parsed records' keys that known lines may name, by index
         self._named = array("i")
         self.merged_early = False  # whether the early merge stood (see EarlyMerge)
+        self.written: RowsWritten | None = None  # what it wrote, once it stood
         if self.keys_first and merge_early and source is not None:
             self._early = EarlyMerge(self.conn, source, self._note_stored)
         self._lines: LineDigests | None = None
@@ -308,6 +309,7 @@ class ObservationStager:
                 return None
             early.keep()
             self.merged_early = True
+            self.written = early.rows
         finally:
             early.keys.close()
         self.conn.exec_driver_sql("DROP TABLE obs_staging")

@@ -261,10 +261,19 @@ def _import(
         services.killpoints.reached("mid-upsert")
         state = store.commit_task(session, lease, run_id=target.run_id, now=now)
         version = run_rows.count_import(session, target.run_id)
-        run_rows.record_import(session, target.run_id, lease.attempt_id, version)
-        only = found.only_rows(version) if isinstance(found, job_export.Staged) else None
-        if only is not None:
-            run_rows.keep_import_tally(session, target.run_id, version, only)
+        change = (
+            found.groups_change(version)
+            if isinstance(found, job_export.Staged)
+            else run_rows.GroupsChange(version - 1, replaces_all=False, wrote={}, ids=[])
+        )  # an import repeated byte for byte writes no row: as if it began at the version before
+        run_rows.record_import(
+            session,
+            target.run_id,
+            lease.attempt_id,
+            version,
+            written=None if change is None else change.ids,
+        )
+        run_rows.keep_row_groups(session, target.run_id, lease.attempt_id, version, change)
         if fingerprint is not None:
             _record_fingerprint(session, lease, fingerprint)
         _finish_import(session, lease, job, target, imported, now=now)

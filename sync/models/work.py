@@ -50,11 +50,11 @@ class Run(Base):
     # that made this version or an earlier one takes its partition's verdict, a later one's is
     # pending (sync.acceptance.row_states)
     judged_version: Mapped[int | None] = mapped_column(Integer)
-    # what a first sync copied straight in wrote, per partition and record shape, with the data
-    # version its commit made: {"version": v, "groups": [[partition, shape, rows], ...]}
-    # (sync.ingest.run_rows writes it, sync.runs.shapes trusts it while v is the run's version
-    # and no verdict has judged it)
-    import_tally: Mapped[dict[str, Any] | None]
+    # the run's rows at data version v per partition, stored shape and attempt that last wrote
+    # them: {"version": v, "groups": [[partition, shape, attempt_id, rows], ...]} (the imports
+    # and evaluations of sync.runs.shapes keep it; an evaluation trusts it while v is the run's
+    # version, instead of a pass over the run)
+    row_groups: Mapped[dict[str, Any] | None]
     evaluated_at: Mapped[datetime | None]
     accepted_at: Mapped[datetime | None]
     published_at: Mapped[datetime | None]
@@ -223,6 +223,9 @@ class RunImport(Base):
     run_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     attempt_id: Mapped[str] = mapped_column(String(36), primary_key=True)
     version: Mapped[int] = mapped_column(Integer)
+    # the ids of the rows it wrote, when it kept them (sync.runs.shapes: while its rows are
+    # pending, the run's next evaluation finds them here instead of passing over the run)
+    written: Mapped[list[int] | None] = mapped_column(Payload)
 
 
 class PartitionVerdict(Base):

@@ -33,7 +33,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, FromClause, and_, delete, exists, inspect, or_, select, text
+from sqlalchemy import (
+    ColumnElement,
+    FromClause,
+    and_,
+    delete,
+    exists,
+    inspect,
+    null,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
@@ -232,6 +244,10 @@ def prune_observations(services: Services, limits: Limits = DEFAULT_LIMITS) -> i
                     picked = o.alias("picked")
                     chosen = select(picked.c.id).where(picked.c.run_id == run_id).limit(size)
                     gone = _delete_in(session, Observation, "id", chosen)
+                    # its rows per group, if kept, are no longer the run's
+                    session.execute(
+                        update(Run).where(Run.run_id == run_id).values(row_groups=null())
+                    )
                     if gone < size:  # the run's last rows: its set-aside records go with them
                         session.execute(
                             delete(SetAsideRecord).where(SetAsideRecord.run_id == run_id)

@@ -275,11 +275,12 @@ def _decide(
                 run.revision,
                 reasons=(waiting.as_dict(),),
             )
-        # a run judged before keeps the ids of the rows written since, for its verdict to mark
-        # the rows one import copied straight in are counted from its tally (not on a retry)
-        imported = None if retry else shapes.import_groups(run)
+        # a run judged before keeps the ids of the rows written since, for its publication;
+        # the run is counted from the groups its imports kept, when they hold (not on a retry)
+        kept = None if retry else shapes.kept_groups(run)
+        pending = run.evaluated_at is not None
         tallies, states = evidence.tally(
-            session, run_id, dataset, keep_pending=run.evaluated_at is not None, imported=imported
+            session, run_id, dataset, keep_pending=pending, kept=kept, version=run.data_version
         )
         services.killpoints.reached("mid-evaluation")
         judgement = judge(

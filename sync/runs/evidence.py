@@ -162,15 +162,22 @@ def tally(
     *,
     keep: bool = True,
     keep_pending: bool = False,
-    imported: Sequence[tuple[str | None, str | None, int]] | None = None,
+    kept: Sequence[shapes.Group] | None = None,
+    version: int | None = None,
 ) -> tuple[dict[str, PartitionTally], shapes.RowStates]:
     """The run's records tallied per partition under the record rules, reading again only those
-    not judged before (:mod:`sync.runs.shapes`; ``keep`` false writes no shape); also count its
+    not judged before (:mod:`sync.runs.shapes`; ``keep`` false writes nothing); also count its
     rows by validation state (``keep_pending``: and keep the ids of those rewritten since the
-    last verdict; ``imported``: the counts of the import that wrote every row, as
-    :func:`shapes.import_groups` gives them, read instead of the run)."""
+    last verdict; ``kept``: the run's rows per group at this snapshot's ``version``, as
+    :func:`shapes.kept_groups` gives them, counted instead of the run)."""
     return shapes.tally(
-        session, run_id, dataset, keep=keep, keep_pending=keep_pending, imported=imported
+        session,
+        run_id,
+        dataset,
+        keep=keep,
+        keep_pending=keep_pending,
+        kept=kept,
+        version=version,
     )
 
 

@@ -9,13 +9,13 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from sqlalchemy import Text, cast, select
+from sqlalchemy import Text, cast, select, text
 
 from simulator import CloudState
 from sync.acceptance.facts import PartitionTally, RecordRules
 from sync.acceptance.records import tally_records
 from sync.bootstrap import Services
-from sync.models import Observation, Run
+from sync.models import Observation, Run, RunImport
 from sync.queue import RecordingDispatcher
 from sync.runs import evaluation, shapes
 from tests.acceptance.flow import (
@@ -223,14 +223,14 @@ def test_a_number_the_database_would_give_back_otherwise_leaves_the_record_unsha
 
 @pytest.fixture
 def tallied(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, dict[str, PartitionTally]]]:
-    """Each tally an evaluation makes: whether it counted the import's rows instead of the
-    run (``imported`` given), and what it found."""
+    """Each tally an evaluation makes: whether it counted the groups kept instead of the run
+    (``kept`` given), and what it found."""
     made: list[tuple[bool, dict[str, PartitionTally]]] = []
     real = shapes.tally
 
     def recording(*args: Any, **kwargs: Any) -> Any:
         tallies, states = real(*args, **kwargs)
-        made.append((kwargs.get("imported") is not None, tallies))
+        made.append((kwargs.get("kept") is not None, tallies))
         return tallies, states
 
     monkeypatch.setattr(shapes, "tally", recording)
@@ -276,9 +276,9 @@ def test_a_first_evaluation_counts_the_rows_its_import_copied_instead_of_the_run
     with services.uow.begin() as session:
         run = session.get(Run, run_id)
         assert run is not None
-        assert run.import_tally is not None
-        assert run.import_tally["version"] == run.data_version
-        assert sum(n for _, _, n in run.import_tally["groups"]) == len(records)
+        assert run.row_groups is not None
+        assert run.row_groups["version"] == run.data_version
+        assert sum(n for *_, n in run.row_groups["groups"]) == len(records)
     statements.clear()
     assert _evaluate(services, run_id) == "rejected"  # a consent page, a shell...
     assert [imported for imported, _ in tallied] == [True]
@@ -289,22 +289,24 @@ def test_a_first_evaluation_counts_the_rows_its_import_copied_instead_of_the_run
 
 
 @pytest.mark.postgres
-def test_an_import_committed_before_the_first_evaluation_makes_it_count_the_run(
+def test_a_continue_synced_before_the_first_evaluation_carries_the_groups_over(
     services: Services,
     cloud: CloudState,
     tallied: list[tuple[bool, dict[str, PartitionTally]]],
     statements: list[str],
 ) -> None:
-    """A "Continue" synced before the run was first judged counts the data version up past the
-    one the first import's tally was kept for: the evaluation counts the run, both imports'
-    rows, as reading it whole does; and once a verdict has marked the rows, the tally is never
-    read again, even when nothing was imported since (a forced evaluation)."""
+    """A "Continue" synced before the run was first judged merges its records while the export
+    downloads and counts what its writes replaced and wrote: the groups the first import kept
+    move to the version its commit made, and the evaluation counts them, both imports' rows,
+    as reading the run whole does, without a pass over the run; a forced evaluation after the
+    verdict counts them again."""
     records = product_records(20)
     job_id = finished_job(cloud, records)
     run_id = run_id_of(job_id)
     sync_offline(services, job_id)
     changed = [dict(r) for r in records]
     changed[3]["title"] = "Are you a robot?"  # a consent page the first import did not hold
+    changed[4]["price"] = "77.70"
     changed += product_records(2, start=900)
     cloud.continue_job(job_id)
     cloud.run_job(job_id, records=changed)
@@ -312,25 +314,29 @@ def test_an_import_committed_before_the_first_evaluation_makes_it_count_the_run(
     with services.uow.begin() as session:
         run = session.get(Run, run_id)
         assert run is not None
-        assert run.import_tally is not None
-        assert run.import_tally["version"] == run.data_version - 1
+        assert run.row_groups is not None
+        assert run.row_groups["version"] == run.data_version
+        assert sum(n for *_, n in run.row_groups["groups"]) == 22
     statements.clear()
     assert _evaluate(services, run_id) == "rejected"  # the consent page
-    assert [imported for imported, _ in tallied] == [False]
-    assert len(_groups_of_run(statements)) == 1
+    assert _evaluate(services, run_id) == "unchanged"
+    assert [kept for kept, _ in tallied] == [True, True]
+    assert _groups_of_run(statements) == []
     whole = _as_read(services, run_id)
     assert sum(t.records for t in whole.values()) == 22
     assert _comparable(tallied[0][1]) == _comparable(whole)
+    assert _comparable(tallied[1][1]) == _comparable(whole)
 
 
 @pytest.mark.postgres
-def test_an_import_that_found_the_run_empty_keeps_no_tally_when_another_committed_first(
+def test_an_import_that_found_the_run_empty_keeps_no_groups_when_another_committed_first(
     services: Services,
 ) -> None:
-    """Two first syncs of one run at once (two jobs of a window) both find it empty. The one
-    whose commit counts the run's data version up by more than one (the other committed in
-    between) knows its rows are not the run's only rows, and keeps no tally; the one that
-    commits first does, for the version it made, which the other's commit then moves past."""
+    """Two first syncs of one run at once (two jobs of a window) both find it empty, at the
+    same data version. The one that commits first keeps the run's groups for the version it
+    made; the other's commit counts the version up by more than one (the other committed in
+    between), so it knows its rows are not the run's only rows and keeps none: the groups kept
+    stay at a version the run has moved past, which no evaluation trusts."""
     from collections import Counter
 
     from sync.ingest import run_rows, staging
@@ -340,20 +346,131 @@ def test_an_import_that_found_the_run_empty_keeps_no_tally_when_another_committe
     with services.uow.begin() as session:
         session.add(Run(run_id=run_id, dataset="products", collection_window="two-jobs"))
         session.commit()
+    counted = Counter({("alpha.example", "shape"): 3})
+
+    class Copied:
+        keys_first = False
+        copied_groups = counted
+
+    def commit(session: Any, start: int | None, attempt: str) -> None:
+        version = run_rows.count_import(session, run_id)
+        change = Staged(Copied(), None, None, None, start).groups_change(version)  # type: ignore[arg-type]
+        run_rows.keep_row_groups(session, run_id, attempt, version, change)
+        session.commit()
+
     first, second = services.uow.begin(), services.uow.begin()
     with first as one, second as other:
-        found_one = staging.empty_run_version(one, run_id)
-        found_other = staging.empty_run_version(other, run_id)
+        found_one = staging.run_version(one, run_id)
+        found_other = staging.run_version(other, run_id)
         assert found_one == found_other == (False, 1)
-        counted = Counter({("alpha.example", "shape"): 3})
+        commit(other, found_other[1], "other")
+        commit(one, found_one[1], "one")
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        assert run.data_version == 3
+        assert run.row_groups == {"version": 2, "groups": [["alpha.example", "shape", "other", 3]]}
+        assert shapes.kept_groups(run) is None
 
-        class Copied:
-            copied_groups = counted
 
-        def staged(empty_at: int | None) -> Staged:
-            return Staged(Copied(), None, None, None, empty_at)  # type: ignore[arg-type]
+def _both_ways(services: Services, run_id: str) -> tuple[Any, Any]:
+    """The run tallied and counted by state from the groups kept, and by a pass over it, in one
+    snapshot (nothing written): each with the pending rows' ids it kept."""
+    dataset = services.datasets.get("products")
+    ways = []
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        for kept in (shapes.kept_groups(run), None):
+            tallies, states = shapes.tally(
+                session, run_id, dataset, keep=False, keep_pending=True, kept=kept
+            )
+            pending = text(f"SELECT id FROM {shapes.PENDING}")  # noqa: S608 - a constant name
+            ids = set(session.execute(pending).scalars())
+            ways.append((_comparable(tallies), states.rows, states.by_state, ids))
+    return ways[0], ways[1]
 
-        assert staged(found_other[1]).only_rows(run_rows.count_import(other, run_id)) == counted
-        other.commit()
-        assert staged(found_one[1]).only_rows(run_rows.count_import(one, run_id)) is None
-        one.commit()
+
+@pytest.mark.postgres
+def test_a_continue_after_a_verdict_is_judged_from_what_its_import_changed(
+    services: Services,
+    cloud: CloudState,
+    tallied: list[tuple[bool, dict[str, PartitionTally]]],
+    statements: list[str],
+) -> None:
+    """Each "Continue" merged while its export downloads records what its writes replaced and
+    wrote, and the ids of the rows it wrote. The run's next evaluation counts the groups kept
+    at the run's version and takes its pending rows from the imports since the verdict, two
+    of them here, with no pass over the run: it finds the tallies, the states and the pending
+    rows a pass finds, and publishes the rewritten records."""
+    records = product_records(30)
+    job_id = finished_job(cloud, records)
+    run_id = run_id_of(job_id)
+    sync_offline(services, job_id)
+    assert _evaluate(services, run_id) == "published"
+    changed = [dict(r) for r in records]
+    for step, rewrite in enumerate(((2, 5, 11), (5, 12))):  # the 5th twice, both pending
+        for i in rewrite:
+            changed[i]["price"] = f"{50 + step}.25"
+        changed += product_records(1, start=900 + step)  # a new record each time
+        cloud.continue_job(job_id)
+        cloud.run_job(job_id, records=changed)
+        sync_offline(services, job_id)
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        assert run.row_groups is not None
+        assert run.row_groups["version"] == run.data_version
+        written = session.execute(
+            select(RunImport.written).where(RunImport.run_id == run_id, RunImport.version > 2)
+        ).scalars()
+        assert sorted(len(ids) for ids in written) == [3, 4]  # rewritten and new, per import
+    kept, passed = _both_ways(services, run_id)
+    assert kept == passed
+    assert len(kept[3]) == 6  # rows 2, 5, 11, 12 and the two new ones
+    tallied.clear()
+    statements.clear()
+    assert _evaluate(services, run_id) == "published"
+    assert [was_kept for was_kept, _ in tallied] == [True]
+    assert _groups_of_run(statements) == []
+    assert _comparable(tallied[0][1]) == _comparable(_as_read(services, run_id))
+    with services.uow.begin() as session:
+        prices = dict(session.execute(text("SELECT sku, price FROM datasets.products")).all())
+    assert len(prices) == 32
+    assert {prices[changed[i]["sku"]] for i in (2, 5, 11, 12)} == {"50.25", "51.25"}
+
+
+@pytest.mark.postgres
+def test_a_continue_merged_after_its_download_has_the_next_evaluation_pass_over_the_run(
+    services: Services,
+    cloud: CloudState,
+    tallied: list[tuple[bool, dict[str, PartitionTally]]],
+) -> None:
+    """A "Continue" whose export holds a record twice is merged after its download (the early
+    merge is undone): it cannot say what it replaced, so the groups stay at the version before
+    its commit, and the next evaluation passes over the run, finding what it must."""
+    records = product_records(20)
+    job_id = finished_job(cloud, records)
+    run_id = run_id_of(job_id)
+    sync_offline(services, job_id)
+    assert _evaluate(services, run_id) == "published"
+    changed = [dict(r) for r in records]
+    changed[1]["price"] = "61.00"
+    changed.append(dict(changed[1]))  # the same record twice
+    cloud.continue_job(job_id)
+    cloud.run_job(job_id, records=changed)
+    sync_offline(services, job_id)
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        assert shapes.kept_groups(run) is None
+    tallied.clear()
+    assert _evaluate(services, run_id) == "published"
+    assert [was_kept for was_kept, _ in tallied] == [False]
+    assert _comparable(tallied[0][1]) == _comparable(_as_read(services, run_id))
+    kept, passed = _both_ways(services, run_id)  # the pass kept the groups again
+    assert kept == passed
+    with services.uow.begin() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        assert shapes.kept_groups(run) is not None

@@ -158,6 +158,28 @@ def test_a_pass_stops_at_its_limit_and_the_next_goes_on(kept: Services) -> None:
         assert set(windows_left(session, "pruned")) == {window(day) for day in range(2, 9)}
 
 
+def test_a_run_pruned_in_part_no_longer_has_its_rows_counted_from_the_groups_kept(
+    kept: Services,
+) -> None:
+    """The groups an import or an evaluation kept with a run (how many rows per partition and
+    shape) describe its rows no more once a pass deletes some of them: they go too, and an
+    evaluation of the run would pass over what is left."""
+    from sync.runs import shapes
+
+    limits = retention.Limits(batch_size=4, batches=1)
+    with kept.uow.begin() as session:
+        run_ids = add_runs(session, "pruned", range(9))
+        publish(session, "pruned", run_ids[-1])
+        observe(session, "pruned", run_ids, 10)
+        for run in session.scalars(select(Run).where(Run.run_id.in_(run_ids))):
+            run.row_groups = {"version": run.data_version, "groups": [[None, None, "a", 10]]}
+        session.commit()
+    assert retention.prune_observations(kept, limits) == 4
+    with kept.uow.begin() as session:
+        runs = {r.run_id: r for r in session.scalars(select(Run).where(Run.run_id.in_(run_ids)))}
+        assert [r for r in run_ids if shapes.kept_groups(runs[r]) is None] == [run_ids[0]]
+
+
 def _run(run_id: str, collection_window: str, day: int) -> WindowRun:
     return WindowRun(run_id, collection_window, datetime(2026, 1, day, tzinfo=UTC))
 
