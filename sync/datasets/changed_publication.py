@@ -249,7 +249,7 @@ def publish_plain(
         "NULL, p.payload_hash, "
         "CASE WHEN p.mode = 'keep' THEN p.x_by ELSE CAST(:run_id AS text) END "
         f"FROM {ROWS} p ORDER BY p.entity_key",
-        *_change_rows(session, tables),
+        _change_rows(session, tables),
         # what is left to Python: the observations these statements did not write
         f"DELETE FROM {SEEN} s USING {ROWS} p WHERE s.id = p.obs_id",
     ]
@@ -321,56 +321,43 @@ def _make_rows(
     )
 
 
-def _change_rows(session: Session, tables: DatasetTables) -> list[str]:
-    """The statements writing the ``X_changes`` rows of ``pub_rows``: one per added entity (its
-    values), then one per changed column of a changed entity (before and after), each part in
-    entity key order (and column name order within an entity), so the ids follow the feed's order.
-
-    The changed columns come from one pass over the changed entities, taken in key order: each
-    entity's columns are unfolded beside it, so that only an entity's few columns are sorted
-    (instead of every change row, once per column scanned), and JSON is made of the values that
-    changed alone."""
+def _change_rows(session: Session, tables: DatasetTables) -> str:
+    """The ``X_changes`` rows of ``pub_rows``: one per added entity (its values), one per
+    changed column of a changed entity (before and after)."""
     columns = tables.columns
-    changes = target_name(session, tables.changes)
     objects = [
         "jsonb_build_object("
         + ", ".join(
-            f"{_literal(c.name)}, {_json(c, f'p.n{i}')}"
+            f"'{c.name.replace(chr(39), chr(39) * 2)}', {_json(c, f'p.n{i}')}"
             for i, c in list(enumerate(columns))[start : start + _PAIRS]
         )
         + ")"
         for start in range(0, len(columns), _PAIRS)
     ] or ["'{}'::jsonb"]
-    into = (
-        f"INSERT INTO {changes} (run_id, revision, previous_run_id, entity_key, kind, "
-        "column_name, before, after, created_at) "
-    )
     common = "CAST(:run_id AS text), CAST(:revision AS integer), CAST(:previous AS text)"
-    now = "CAST(:now AS timestamptz)"
     added = (
-        f"{into}SELECT {common}, p.entity_key, '{ADDED}', NULL, NULL, "
-        f"{' || '.join(objects)}, {now} FROM {ROWS} p WHERE NOT p.known ORDER BY p.entity_key"
+        f"SELECT {common}, p.entity_key, '{ADDED}' AS kind, NULL AS column_name, "
+        f"NULL::jsonb AS before, {' || '.join(objects)} AS after, 0 AS turn "
+        f"FROM {ROWS} p WHERE NOT p.known"
     )
-    if not columns:
-        return [added]
-    unfolded = ", ".join(
-        f"({_literal(c.name)}, {differs}, CASE WHEN {differs} THEN {_json(c, f'p.b{i}')} END, "
-        f"CASE WHEN {differs} THEN {_json(c, f'p.n{i}')} END)"
+    # one statement per column, each naming only its changed values, so that JSON is made of
+    # the values that changed alone
+    rows = [added] + [
+        f"SELECT {common}, p.entity_key, '{CHANGED}', "
+        f"'{c.name.replace(chr(39), chr(39) * 2)}', {_json(c, f'p.b{i}')}, "
+        f"{_json(c, f'p.n{i}')}, 1 "
+        f"FROM {ROWS} p WHERE p.differs AND p.b{i} IS DISTINCT FROM p.n{i}"
         for i, c in enumerate(columns)
-        for differs in [f"p.b{i} IS DISTINCT FROM p.n{i}"]
+    ]
+    return (
+        f"INSERT INTO {target_name(session, tables.changes)} (run_id, revision, "
+        "previous_run_id, entity_key, kind, column_name, before, after, created_at) "
+        "SELECT r.*, CAST(:now AS timestamptz) FROM (SELECT run_id, revision, previous_run_id, "
+        "entity_key, kind, column_name, before, after FROM ("
+        + " UNION ALL ".join(f"SELECT * FROM ({r}) AS u{k}" for k, r in enumerate(rows))
+        + ") AS a(run_id, revision, previous_run_id, entity_key, kind, column_name, before, "
+        "after, turn) ORDER BY turn, entity_key, column_name) AS r"
     )
-    changed = (
-        f"{into}SELECT {common}, p.entity_key, '{CHANGED}', v.name, v.before, v.after, {now} "
-        f"FROM (SELECT * FROM {ROWS} WHERE differs ORDER BY entity_key) p "
-        f"CROSS JOIN LATERAL (VALUES {unfolded}) AS v(name, differs, before, after) "
-        "WHERE v.differs ORDER BY p.entity_key, v.name"
-    )
-    return [added, changed]
-
-
-def _literal(name: str) -> str:
-    """A column's name as an SQL string literal."""
-    return "'" + name.replace("'", "''") + "'"
 
 
 def entries(
