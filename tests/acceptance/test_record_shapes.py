@@ -9,6 +9,8 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Text, cast, select, text
 
 from simulator import CloudState
@@ -474,3 +476,57 @@ def test_a_continue_merged_after_its_download_has_the_next_evaluation_pass_over_
         run = session.get(Run, run_id)
         assert run is not None
         assert shapes.kept_groups(run) is not None
+
+
+_CHANGES = ("price", "retailer", "consent", "new", "twice")
+
+
+@pytest.mark.postgres
+@settings(
+    max_examples=10,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sets(st.integers(0, 15), max_size=5), st.sampled_from(_CHANGES), st.booleans()
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_the_groups_kept_count_a_run_as_a_pass_over_it_does(
+    services: Services, cloud: CloudState, steps: list[tuple[set[int], str, bool]]
+) -> None:
+    """Whatever "Continue"s rewrite (prices, a record moved to another partition, a consent
+    page, new records, a record twice, which has the merge wait for the download), with or
+    without an evaluation after each: the groups kept, and the pending rows the imports
+    recorded, count the run as a pass over it does."""
+    records = product_records(16)
+    job_id = finished_job(cloud, records)
+    run_id = run_id_of(job_id)
+    sync_offline(services, job_id)
+    current = [dict(r) for r in records]
+    exported = len(current)
+    for step, (picked, change, judge) in enumerate(steps):
+        for i in picked:
+            if change == "price":
+                current[i]["price"] = f"{10 + step}.50"
+            elif change == "retailer":
+                current[i]["retailer"] = "zeta.example"
+            elif change == "consent":
+                current[i]["title"] = "Are you a robot?"
+        # more records each time: Cloud's counters move, so the Continue is downloaded
+        current += product_records(2 if change == "new" else 1, start=1000 + 10 * step)
+        while len(current) <= exported:
+            current += product_records(1, start=1000 + 10 * step + len(current))
+        export = current + ([dict(current[0])] if change == "twice" else [])
+        exported = len(export)
+        cloud.continue_job(job_id)
+        cloud.run_job(job_id, records=export)
+        sync_offline(services, job_id)
+        kept, passed = _both_ways(services, run_id)
+        assert kept == passed
+        if judge:
+            _evaluate(services, run_id)
