@@ -228,32 +228,35 @@ def publish_plain(
         _make_rows(session, tables, casts, names, params)
     listed = ", ".join(names)
     olds = ", ".join(f"p.b{i}" for i in range(len(columns)))
-    news = ", ".join(f"p.n{i}" for i in range(len(columns)))
-    statements = [
-        # the open stretches that close at the window's start
-        f"INSERT INTO {closed} (entity_key, {listed}, partition, run_id, valid_from, valid_to, "
-        "closed_by_run_id, payload_hash) "
-        f"SELECT p.entity_key, {olds}, p.x_partition, p.x_by, p.x_last, "
-        "CAST(:start AS timestamptz), CAST(:run_id AS text), p.x_hash "
-        f"FROM {ROWS} p WHERE p.mode = 'close' ORDER BY p.entity_key",
-        f"DELETE FROM {x} t USING {ROWS} p WHERE t.entity_key = p.entity_key AND p.known",
-        f"INSERT INTO {x} (entity_key, {listed}, partition, run_id, collection_window, "
-        "first_seen_at, last_changed_at, cast_failures, payload_hash, changed_by_run_id) "
-        f"SELECT p.entity_key, {news}, p.partition, CAST(:run_id AS text), "
-        "CAST(:window AS text), "
-        "CASE p.mode WHEN 'new' THEN LEAST(COALESCE(p.closed_from, CAST(:start AS timestamptz)), "
-        "CAST(:start AS timestamptz)) WHEN 'reopen' THEN CAST(:start AS timestamptz) "
-        "ELSE LEAST(COALESCE(p.closed_from, p.x_last), p.x_last) END, "
-        "CASE WHEN p.mode IN ('keep', 'correct') THEN p.x_last "
-        "ELSE CAST(:start AS timestamptz) END, "
-        "NULL, p.payload_hash, "
-        "CASE WHEN p.mode = 'keep' THEN p.x_by ELSE CAST(:run_id AS text) END "
-        f"FROM {ROWS} p ORDER BY p.entity_key",
+    values = _written_values(names)
+    # the open stretches that close at the window's start
+    session.execute(
+        text(
+            f"INSERT INTO {closed} (entity_key, {listed}, partition, run_id, valid_from, "
+            "valid_to, closed_by_run_id, payload_hash) "
+            f"SELECT p.entity_key, {olds}, p.x_partition, p.x_by, p.x_last, "
+            "CAST(:start AS timestamptz), CAST(:run_id AS text), p.x_hash "
+            f"FROM {ROWS} p WHERE p.mode = 'close' ORDER BY p.entity_key"
+        ),
+        params,
+    )
+    with _by_key(session):  # each row of the table by its key, never a pass over the table
+        session.execute(
+            text(
+                f"UPDATE {x} t SET "
+                + ", ".join(f"{name} = {value}" for name, value in values)
+                + f" FROM {ROWS} p WHERE t.entity_key = p.entity_key AND p.known"
+            ),
+            params,
+        )
+    for statement in (
+        f"INSERT INTO {x} (entity_key, {', '.join(name for name, _ in values)}) "
+        f"SELECT p.entity_key, {', '.join(value for _, value in values)} "
+        f"FROM {ROWS} p WHERE NOT p.known ORDER BY p.entity_key",
         _change_rows(session, tables),
         # what is left to Python: the observations these statements did not write
         f"DELETE FROM {SEEN} s USING {ROWS} p WHERE s.id = p.obs_id",
-    ]
-    for statement in statements:
+    ):
         session.execute(text(statement), params)
     added, changed = session.execute(
         text(
@@ -261,6 +264,38 @@ def publish_plain(
         )
     ).one()
     return Written(int(added), int(changed))
+
+
+def _written_values(names: Sequence[str]) -> list[tuple[str, str]]:
+    """Each column of ``X`` a written row sets, with its value from ``pub_rows`` (an entity
+    ``X`` holds is updated in place: its page keeps half free, so the new version stays there
+    and the key is not touched; the others are inserted)."""
+    return [
+        *((name, f"p.n{i}") for i, name in enumerate(names)),
+        ("partition", "p.partition"),
+        ("run_id", "CAST(:run_id AS text)"),
+        ("collection_window", "CAST(:window AS text)"),
+        (
+            "first_seen_at",
+            "CASE p.mode WHEN 'new' THEN LEAST(COALESCE(p.closed_from, "
+            "CAST(:start AS timestamptz)), CAST(:start AS timestamptz)) "
+            "WHEN 'reopen' THEN CAST(:start AS timestamptz) "
+            "ELSE LEAST(COALESCE(p.closed_from, p.x_last), p.x_last) END",
+        ),
+        (
+            "last_changed_at",
+            "CASE WHEN p.mode IN ('keep', 'correct') THEN p.x_last "
+            "ELSE CAST(:start AS timestamptz) END",
+        ),
+        ("cast_failures", "NULL"),
+        ("payload_hash", "p.payload_hash"),
+        (
+            "changed_by_run_id",
+            "CASE WHEN p.mode = 'keep' THEN p.x_by ELSE CAST(:run_id AS text) END",
+        ),
+        ("stale", "false"),
+        ("set_aside", "NULL"),
+    ]
 
 
 @contextmanager
