@@ -76,6 +76,22 @@ def _comparable(tallies: dict[str, PartitionTally]) -> dict[str, Any]:
     }
 
 
+def _continue(services: Services, cloud: CloudState, job_id: int, records: Any) -> None:
+    """Cloud's "Continue" of the job, ending with these records, synced."""
+    cloud.continue_job(job_id)
+    cloud.run_job(job_id, records=records)
+    sync_offline(services, job_id)
+
+
+def _grouped(session: Any, run_id: str) -> Run:
+    """The run, whose rows per group are kept at the data version it holds."""
+    run = session.get(Run, run_id)
+    assert run is not None
+    assert run.row_groups is not None
+    assert run.row_groups["version"] == run.data_version
+    return run
+
+
 @pytest.fixture
 def read_back(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """The records an evaluation tallies in Python (read back from the database)."""
@@ -120,9 +136,7 @@ def test_a_later_evaluation_reads_only_the_changed_records_and_the_defective_one
         changed[i]["price"] = "99.99"
     changed[8]["title"] = "Are you a robot?"  # a new consent page
     changed += product_records(1, start=900)  # and one more record: Cloud's counters move
-    cloud.continue_job(job_id)
-    cloud.run_job(job_id, records=changed)
-    sync_offline(services, job_id)
+    _continue(services, cloud, job_id, changed)
     read_back.clear()
     _evaluate(services, run_id)
     still_defective = {changed[i]["sku"] for i in (CONSENT, MISSING, SHELL)}
@@ -276,10 +290,7 @@ def test_a_first_evaluation_counts_the_rows_its_import_copied_instead_of_the_run
     run_id = run_id_of(job_id)
     sync_offline(services, job_id)
     with services.uow.begin() as session:
-        run = session.get(Run, run_id)
-        assert run is not None
-        assert run.row_groups is not None
-        assert run.row_groups["version"] == run.data_version
+        run = _grouped(session, run_id)
         assert sum(n for *_, n in run.row_groups["groups"]) == len(records)
     statements.clear()
     assert _evaluate(services, run_id) == "rejected"  # a consent page, a shell...
@@ -310,14 +321,9 @@ def test_a_continue_synced_before_the_first_evaluation_carries_the_groups_over(
     changed[3]["title"] = "Are you a robot?"  # a consent page the first import did not hold
     changed[4]["price"] = "77.70"
     changed += product_records(2, start=900)
-    cloud.continue_job(job_id)
-    cloud.run_job(job_id, records=changed)
-    sync_offline(services, job_id)
+    _continue(services, cloud, job_id, changed)
     with services.uow.begin() as session:
-        run = session.get(Run, run_id)
-        assert run is not None
-        assert run.row_groups is not None
-        assert run.row_groups["version"] == run.data_version
+        run = _grouped(session, run_id)
         assert sum(n for *_, n in run.row_groups["groups"]) == 22
     statements.clear()
     assert _evaluate(services, run_id) == "rejected"  # the consent page
@@ -415,14 +421,9 @@ def test_a_continue_after_a_verdict_is_judged_from_what_its_import_changed(
         for i in rewrite:
             changed[i]["price"] = f"{50 + step}.25"
         changed += product_records(1, start=900 + step)  # a new record each time
-        cloud.continue_job(job_id)
-        cloud.run_job(job_id, records=changed)
-        sync_offline(services, job_id)
+        _continue(services, cloud, job_id, changed)
     with services.uow.begin() as session:
-        run = session.get(Run, run_id)
-        assert run is not None
-        assert run.row_groups is not None
-        assert run.row_groups["version"] == run.data_version
+        _grouped(session, run_id)
         written = session.execute(
             select(RunImport.written).where(RunImport.run_id == run_id, RunImport.version > 2)
         ).scalars()
@@ -459,9 +460,7 @@ def test_a_continue_merged_after_its_download_has_the_next_evaluation_pass_over_
     changed = [dict(r) for r in records]
     changed[1]["price"] = "61.00"
     changed.append(dict(changed[1]))  # the same record twice
-    cloud.continue_job(job_id)
-    cloud.run_job(job_id, records=changed)
-    sync_offline(services, job_id)
+    _continue(services, cloud, job_id, changed)
     with services.uow.begin() as session:
         run = session.get(Run, run_id)
         assert run is not None
@@ -523,9 +522,7 @@ def test_the_groups_kept_count_a_run_as_a_pass_over_it_does(
             current += product_records(1, start=1000 + 10 * step + len(current))
         export = current + ([dict(current[0])] if change == "twice" else [])
         exported = len(export)
-        cloud.continue_job(job_id)
-        cloud.run_job(job_id, records=export)
-        sync_offline(services, job_id)
+        _continue(services, cloud, job_id, export)
         kept, passed = _both_ways(services, run_id)
         assert kept == passed
         if judge:
