@@ -46,6 +46,7 @@ class Staged:
     read: records.ExportRead
     digest: repeat.ExportDigest
     start: int | None = None  # the run's data version when the import began (PostgreSQL)
+    start_groups: dict[str, Any] | None = None  # and the groups kept with it then
 
     def merge(self, now: datetime) -> Imported:
         """Merge the staged records, stamped ``now``."""
@@ -72,6 +73,7 @@ class Staged:
             wrote=written.wrote,
             replaced=written.replaced,
             ids=None if written.ids is None else list(written.ids),
+            start_groups=self.start_groups,
         )
 
 
@@ -142,7 +144,8 @@ def _stage(
         attempt_id=lease.attempt_id,
         now=services.clock(),
     )
-    keys_first, start = staging.run_version(session, target.run_id)
+    found = staging.run_version(session, target.run_id)
+    keys_first = found.has_rows
     known = LineDigests(rules)  # every line is parsed, and digested to be stored, but:
     if keys_first and not target.frozen_partitions:
         # lines a row of the run was written from are known unchanged without parsing
@@ -172,4 +175,4 @@ def _stage(
     except BaseException as exc:
         stager.abort(exc)
         raise
-    return Staged(stager, source, read, digest, start)
+    return Staged(stager, source, read, digest, found.version, found.groups)

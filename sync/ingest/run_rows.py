@@ -125,6 +125,7 @@ class GroupsChange:
     wrote: Mapping[tuple[str | None, str | None], int]
     replaced: Mapping[tuple[str | None, str | None, str], int] = field(default_factory=dict)
     ids: list[int] | None = None  # the ids of the rows it wrote, when it kept them
+    start_groups: dict[str, Any] | None = None  # the groups kept when it began
 
 
 def keep_row_groups(
@@ -141,6 +142,10 @@ def keep_row_groups(
     if not change.replaces_all:
         kept = session.execute(select(Run.row_groups).where(Run.run_id == run_id)).scalar_one()
         if kept is None or kept["version"] != change.start:
+            return
+        # what it replaced was read from rows as they stood when it began: an evaluation that
+        # gave rows their shapes since kept other groups, and those rows may be among them
+        if change.replaced and kept != change.start_groups:
             return
         groups.update({(p, s, a): n for p, s, a, n in kept["groups"]})
         groups.subtract(change.replaced)

@@ -12,7 +12,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
@@ -49,29 +49,40 @@ _STAGING = (
 )
 
 
-def run_version(session: Session, run_id: str) -> tuple[bool, int | None]:
+class RunFound(NamedTuple):
+    """What an import found of its run before it wrote anything (see :func:`run_version`)."""
+
+    has_rows: bool
+    version: int | None  # its data version (PostgreSQL)
+    groups: dict[str, Any] | None  # its rows per group as kept then (PostgreSQL)
+
+
+def run_version(session: Session, run_id: str) -> RunFound:
     """Whether a stager of the run stages keys first (as :func:`stages_keys_first` says) and,
-    on PostgreSQL, the run's data version read in the same snapshot (1 for a run not recorded
-    yet: its first import counts up from there), before the import writes anything. An import
-    that then counts the version up by exactly one saw every row it replaced as the run held
-    it at that version: any other import committed meanwhile would have counted it up first."""
+    on PostgreSQL, the run's data version and the groups kept with it, read in the same snapshot
+    (version 1 for a run not recorded yet: its first import counts up from there), before the
+    import writes anything. An import that then counts the version up by exactly one saw every
+    row it replaced as the run held it at that version: any other import committed meanwhile
+    would have counted it up first (and an evaluation that gave rows their shapes meanwhile
+    kept other groups)."""
     conn = session.connection()
     if conn.dialect.name != "postgresql":
-        return False, None
-    has_rows, version = conn.execute(
+        return RunFound(False, None, None)
+    has_rows, version, groups = conn.execute(
         text(
             "SELECT EXISTS (SELECT 1 FROM observations WHERE run_id = :run_id), "
-            "(SELECT data_version FROM runs WHERE run_id = :run_id)"
+            "(SELECT data_version FROM runs WHERE run_id = :run_id), "
+            "(SELECT row_groups FROM runs WHERE run_id = :run_id)"
         ),
         {"run_id": run_id},
     ).one()
-    return bool(has_rows), version if version is not None else 1
+    return RunFound(bool(has_rows), version if version is not None else 1, groups)
 
 
 def stages_keys_first(session: Session, run_id: str) -> bool:
     """Whether a stager of the run stages keys first: on PostgreSQL, when the run holds
     observations already (see :class:`ObservationStager`)."""
-    return run_version(session, run_id)[0]
+    return run_version(session, run_id).has_rows
 
 
 class ObservationStager:

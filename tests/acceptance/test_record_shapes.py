@@ -5,18 +5,20 @@ records, and after the record rules changed."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import Text, cast, select, text
+from sqlalchemy import Text, cast, select, text, update
 
 from simulator import CloudState
 from sync.acceptance.facts import PartitionTally, RecordRules
 from sync.acceptance.records import tally_records
 from sync.bootstrap import Services
+from sync.ingest.early_merge import RowsWritten
 from sync.models import Observation, Run, RunImport
 from sync.queue import RecordingDispatcher
 from sync.runs import evaluation, shapes
@@ -370,7 +372,7 @@ def test_an_import_that_found_the_run_empty_keeps_no_groups_when_another_committ
     with first as one, second as other:
         found_one = staging.run_version(one, run_id)
         found_other = staging.run_version(other, run_id)
-        assert found_one == found_other == (False, 1)
+        assert found_one[:2] == found_other[:2] == (False, 1)
         commit(other, found_other[1], "other")
         commit(one, found_one[1], "one")
     with services.uow.begin() as session:
@@ -527,3 +529,77 @@ def test_the_groups_kept_count_a_run_as_a_pass_over_it_does(
         assert kept == passed
         if judge:
             _evaluate(services, run_id)
+
+
+@pytest.mark.postgres
+def test_an_import_keeps_no_groups_when_an_evaluation_gave_rows_shapes_meanwhile(
+    services: Services,
+) -> None:
+    """An import reads the rows it replaces as they stand when it begins. An evaluation that
+    gives rows their shapes while it downloads (a run with rows no shape was kept for) keeps the
+    groups as those shapes leave them: what the import says it replaced may be the rows before
+    their shapes, so it keeps no groups, and the next evaluation passes over the run. An import
+    that replaced nothing (it only added rows) still carries the groups over."""
+    from sync.ingest import run_rows, staging
+    from sync.ingest.job_export import Staged
+
+    run_id = "products-shaped-meanwhile"
+    before = {"version": 1, "groups": [["alpha.example", None, "first", 3]]}
+    # two of the three given their shapes, one left without (a defect)
+    shaped = {
+        "version": 1,
+        "groups": [["alpha.example", None, "first", 1], ["alpha.example", "f|shape", "first", 2]],
+    }
+    with services.uow.begin() as session:
+        session.add(
+            Run(run_id=run_id, dataset="products", collection_window="w", row_groups=before)
+        )
+        session.commit()
+
+    class Merged:
+        keys_first = True
+
+        def __init__(self, replaced: dict[Any, int]) -> None:
+            self.written = RowsWritten(replaced=Counter(replaced))
+            self.written.wrote[("alpha.example", "f|new")] += 1
+
+    for replaced, kept_after in (
+        ({("alpha.example", None, "first"): 1}, shaped),  # read before the shapes: not kept
+        ({}, None),  # only added: carried over from the groups the evaluation kept
+    ):
+        with services.uow.begin() as session:
+            session.execute(update(Run).where(Run.run_id == run_id).values(row_groups=before))
+            session.commit()
+        with services.uow.begin() as importing:
+            found = staging.run_version(importing, run_id)
+            with services.uow.begin() as evaluating:  # gives the rows shapes, and commits
+                evaluating.execute(
+                    update(Run).where(Run.run_id == run_id).values(row_groups=shaped)
+                )
+                evaluating.commit()
+            version = run_rows.count_import(importing, run_id)
+            staged = Staged(Merged(replaced), None, None, None, found.version, found.groups)  # type: ignore[arg-type]
+            change = staged.groups_change(version)
+            run_rows.keep_row_groups(importing, run_id, "second", version, change)
+            importing.commit()
+        with services.uow.begin() as session:
+            run = session.get(Run, run_id)
+            assert run is not None
+            if kept_after is not None:
+                assert run.row_groups == kept_after
+                assert shapes.kept_groups(run) is None
+            else:
+                assert run.row_groups is not None
+                assert run.row_groups["version"] == run.data_version
+                assert sorted(map(repr, run.row_groups["groups"])) == sorted(
+                    map(
+                        repr,
+                        [
+                            ["alpha.example", None, "first", 1],
+                            ["alpha.example", "f|shape", "first", 2],
+                            ["alpha.example", "f|new", "second", 1],
+                        ],
+                    )
+                )
+            session.execute(update(Run).where(Run.run_id == run_id).values(data_version=1))
+            session.commit()
