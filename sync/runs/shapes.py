@@ -25,10 +25,12 @@ copied straight into the run it found empty counts the rows it copies; a later s
 its export downloads counts what its writes replaced and what they wrote, and moves the groups
 kept at the version it began at to the one its commit makes; a pass over the run keeps what it
 counted (and :func:`apply`, what the shapes it writes change). Either import keeps them only when
-its commit counts the run's version up by one from the version it began at: no other import
-committed meanwhile, so what it read was the run as it stood. An evaluation trusts the groups
-while the run holds their version (:func:`kept_groups`): each group's rows are judged when their
-attempt made the judged version or an earlier one (as :mod:`sync.acceptance.row_states` says),
+its commit counts the run's version up by one from the version it began at (no other import
+committed meanwhile) and, if it replaced rows, the groups are those it found as it began (no
+evaluation gave rows their shapes meanwhile): what it read was the run as it stood. An
+evaluation trusts the groups while the run holds their version (:func:`kept_groups`): each
+group's rows are judged when their attempt made the judged version or an earlier one (as
+:mod:`sync.acceptance.row_states` says),
 and valid when their partition passed too. The ids of the pending rows come from the imports
 since the verdict, which keep those of the rows they wrote (``run_imports.written``); an import
 that could not (a merge after the download, too many rows) has the evaluation pass over the run
