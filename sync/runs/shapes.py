@@ -30,11 +30,11 @@ committed meanwhile) and, if it replaced rows, the groups are those it found as 
 evaluation gave rows their shapes meanwhile): what it read was the run as it stood. An
 evaluation trusts the groups while the run holds their version (:func:`kept_groups`): each
 group's rows are judged when their attempt made the judged version or an earlier one (as
-:mod:`sync.acceptance.row_states` says),
-and valid when their partition passed too. The ids of the pending rows come from the imports
-since the verdict, which keep those of the rows they wrote (``run_imports.written``); an import
-that could not (a merge after the download, too many rows) has the evaluation pass over the run
-instead. The rows without a shape are still read back."""
+:mod:`sync.acceptance.row_states` says), and valid when their partition passed too. The ids of
+the pending rows come from the imports since the verdict, which keep those of the rows they
+wrote (``run_imports.written``); an import that could not (a merge after the download, too many
+rows) has the evaluation pass over the run instead. The rows without a shape are still read
+back."""
 
 from __future__ import annotations
 
