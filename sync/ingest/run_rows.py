@@ -5,7 +5,7 @@ it. Functions take a session and never commit."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -151,14 +151,22 @@ def keep_row_groups(
         groups.subtract(change.replaced)
     for (partition, shape), n in change.wrote.items():
         groups[partition, shape, attempt_id] += n
-    if min(groups.values(), default=0) < 0 or len(groups) > MAX_GROUPS:
-        return  # not the rows the groups said (never expected), or too many groups to keep
-    rows = [[p, s, a, n] for (p, s, a), n in groups.items() if n]
-    session.execute(
-        update(Run)
-        .where(Run.run_id == run_id)
-        .values(row_groups={"version": version, "groups": rows})
-    )
+    if min(groups.values(), default=0) < 0:
+        return  # not the rows the groups said (never expected)
+    store_row_groups(session, run_id, version, [(p, s, a, n) for (p, s, a), n in groups.items()])
+
+
+def store_row_groups(
+    session: Session, run_id: str, version: int | None, groups: Iterable[Sequence[Any]]
+) -> None:
+    """Keep with the run its rows per group, (partition, shape, attempt, rows) each, at data
+    ``version`` (``runs.row_groups``); none when there is no version to name or when they are
+    too many to be worth keeping."""
+    rows = [[p, s, a, int(n)] for p, s, a, n in groups if n]
+    kept: Any = null()
+    if version is not None and len(rows) <= MAX_GROUPS:
+        kept = {"version": version, "groups": rows}
+    session.execute(update(Run).where(Run.run_id == run_id).values(row_groups=kept))
 
 
 def evaluation_suffix(data_version: int) -> str:

@@ -52,11 +52,9 @@ from sqlalchemy import (
     cast,
     func,
     not_,
-    null,
     or_,
     select,
     text,
-    update,
 )
 from sqlalchemy.orm import Session
 
@@ -64,7 +62,7 @@ from config.datasets import Dataset
 from sync.acceptance import row_states
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
 from sync.acceptance.records import add_shape, tally_record
-from sync.ingest.direct_copy import MAX_GROUPS
+from sync.ingest import run_rows
 from sync.models import Observation, PartitionVerdict, Run, RunImport
 from sync.states import PartitionState, ValidationState
 
@@ -145,7 +143,7 @@ def tally(
     else:
         groups = _groups(session, run_id, keep_pending=keep_pending)
         if keep and version is not None:
-            _keep_groups(session, run_id, version, [g[:4] for g in groups])
+            run_rows.store_row_groups(session, run_id, version, [g[:4] for g in groups])
     tallies: dict[str, PartitionTally] = {}
     states = RowStates(ids_kept=keep_pending)
     unjudged = 0
@@ -285,17 +283,6 @@ def _pending_table(connection: Connection) -> None:
     connection.execute(text(f"DELETE FROM {PENDING}"))  # noqa: S608 - a constant name
 
 
-def _keep_groups(
-    session: Session, run_id: str, version: int | None, groups: Sequence[Sequence[Any]]
-) -> None:
-    """Keep the run's groups at ``version``, the data version of this snapshot (none when
-    there is no version to name or when they are too many to be worth keeping)."""
-    kept: Any = null()
-    if version is not None and len(groups) <= MAX_GROUPS:
-        kept = {"version": version, "groups": [[p, s, a, int(n)] for p, s, a, n in groups]}
-    session.execute(update(Run).where(Run.run_id == run_id).values(row_groups=kept))
-
-
 def _states(session: Session, run_id: str) -> list[Any]:
     """How many rows pending, valid and quarantined (:mod:`sync.acceptance.row_states`)."""
     judged = row_states.judged(session, run_id)
@@ -352,7 +339,8 @@ def apply(session: Session) -> None:
         return
     run_id, version, groups = staged
     connection = session.connection()
-    _keep_groups(session, run_id, version, groups)  # the groups as the shapes leave them
+    # the groups as the shapes leave them
+    run_rows.store_row_groups(session, run_id, version, groups)
     if connection.dialect.name == "postgresql":
         sql = (
             f"UPDATE observations SET shape = s.shape FROM {STAGED} s "  # noqa: S608 - constants only
