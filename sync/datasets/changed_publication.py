@@ -63,6 +63,8 @@ _PAIRS = 50  # name-value pairs per jsonb_build_object (a function takes at most
 # the memory of each sort and hash of these statements: a change set's rows sorted into the
 # feed's order, and the run hashed against the table, stay off disk up to a few 100k entities
 WORK_MEM = "64MB"
+# an observation whose entity the dataset's table (``x``) lacks or holds with another payload
+_LACKING = "(x.entity_key IS NULL OR x.payload_hash <> o.payload_hash)"
 
 
 @dataclass(frozen=True)
@@ -91,17 +93,19 @@ def publish_changes(
     when they did: the rest are then to be read from among those found (``pub_seen``).
     ``pending_ids``: a temporary table of the ids of the rows written since the run's last
     verdict, when the table holds every other valid row of the run as the run's last
-    publication wrote it: those rows alone are then looked at (see :func:`find_seen`)."""
+    publication wrote it: those rows alone are then looked at (see :func:`_source`)."""
     if fresh or dataset.watch or feed.baseline or not tables.columns:
         return False
     if session.get_bind().dialect.name != "postgresql":
         return False
     # no JIT compilation: it costs more than it saves on statements over one change set
     with planner_method_off(session, "jit"), local_setting(session, "work_mem", WORK_MEM):
-        find_seen(session, tables, run.run_id, pending_ids=pending_ids)
+        if pending_ids is None:
+            find_seen(session, tables, run.run_id)
         written = publish_plain(
             session,
             tables,
+            pending_ids=pending_ids,
             run_id=run.run_id,
             window=run.collection_window,
             start=start,
@@ -124,46 +128,54 @@ def publish_changes(
     return True
 
 
-def find_seen(
-    session: Session, tables: DatasetTables, run_id: str, *, pending_ids: str | None = None
-) -> None:
+def find_seen(session: Session, tables: DatasetTables, run_id: str) -> None:
     """Keep in ``pub_seen`` (a temporary table, for this transaction) the ids of the run's
     valid observations whose entity the dataset's table lacks or holds with another payload
-    hash: by a hash join of the whole run with the whole table (as
-    :func:`sync.datasets.materialise.whole_set_joins` says why), or among the rows whose ids
-    ``pending_ids`` holds alone, each looked up by its key.
+    hash, by a hash join of the whole run with the whole table (as
+    :func:`sync.datasets.materialise.whole_set_joins` says why)."""
+    session.execute(text(f"DROP TABLE IF EXISTS pg_temp.{SEEN}"))
+    x = target_name(session, tables.current)
+    with planner_method_off(session, "enable_nestloop"):
+        session.execute(
+            text(
+                f"CREATE TEMP TABLE {SEEN} ON COMMIT DROP AS SELECT o.id "
+                f"FROM {Observation.__tablename__} o "
+                f"LEFT JOIN {x} x ON x.entity_key = o.entity_key WHERE {row_states.valid_sql()} "
+                f"AND {_LACKING}"
+            ),
+            {"run_id": run_id},
+        )
+    session.execute(text(f"ANALYZE {SEEN}"))
+
+
+def _source(session: Session, tables: DatasetTables, pending_ids: str | None) -> tuple[str, str]:
+    """The ``FROM`` and the condition of the observations to look at (``o``), with the rows the
+    table holds of them (``x``): those of ``pub_seen``, or, with ``pending_ids``, the valid ones
+    among the rows whose ids it holds that the table lacks or holds otherwise, each looked up
+    once, by its key.
 
     The caller names ``pending_ids`` (the rows written since the run's last verdict) when the
     dataset's current publication is this run's and the verdict turned no row but those: each
     other valid row was valid when that publication wrote the run's valid rows into the table,
     in its verdict's transaction, and no sync has rewritten it since (a rewritten row is
     pending again)."""
-    session.execute(text(f"DROP TABLE IF EXISTS pg_temp.{SEEN}"))
     x = target_name(session, tables.current)
-    params = {"run_id": run_id}
-    lacking = (
-        f"FROM {Observation.__tablename__} o LEFT JOIN {x} x ON x.entity_key = o.entity_key "
-        f"WHERE {row_states.valid_sql()} "
-        "AND (x.entity_key IS NULL OR x.payload_hash <> o.payload_hash)"
-    )
+    observations = Observation.__tablename__
     if pending_ids is None:
-        with planner_method_off(session, "enable_nestloop"):
-            session.execute(
-                text(f"CREATE TEMP TABLE {SEEN} ON COMMIT DROP AS SELECT o.id {lacking}"), params
-            )
-    else:
-        # each id looked up by its key, whatever the statistics say: taken before the run was
-        # written, they can make the run look like two rows, and a join planned on that would
-        # scan the run once per id (OFFSET 0 keeps the planner from flattening the LATERAL)
-        with _by_key(session):
-            session.execute(
-                text(
-                    f"CREATE TEMP TABLE {SEEN} ON COMMIT DROP AS SELECT f.id FROM {pending_ids} p "
-                    f"CROSS JOIN LATERAL (SELECT o.id {lacking} AND o.id = p.id OFFSET 0) f"
-                ),
-                params,
-            )
-    session.execute(text(f"ANALYZE {SEEN}"))
+        return (
+            f"FROM {SEEN} s JOIN {observations} o ON o.id = s.id "
+            f"LEFT JOIN {x} x ON x.entity_key = o.entity_key",
+            "true",
+        )
+    # each id looked up by its key, whatever the statistics say: taken before the run was
+    # written, they can make the run look like two rows, and a join planned on that would scan
+    # the run once per id (OFFSET 0 keeps the planner from flattening the LATERAL)
+    return (
+        f"FROM {pending_ids} pd CROSS JOIN LATERAL (SELECT o.* FROM {observations} o "
+        f"WHERE o.id = pd.id AND {row_states.valid_sql()} OFFSET 0) AS o "
+        f"LEFT JOIN {x} x ON x.entity_key = o.entity_key",
+        _LACKING,
+    )
 
 
 def _json(column: Column, v: str) -> str:
@@ -204,10 +216,12 @@ def publish_plain(
     revision: int,
     previous_run_id: str | None,
     now: datetime,
+    pending_ids: str | None = None,
 ) -> Written:
-    """Write the plain entities of ``pub_seen`` (see the module): the dataset's table, its
-    closed stretches and its change rows. What they were is left in ``pub_rows`` for
-    :func:`entries`."""
+    """Write the plain entities of ``pub_seen``, or of the rows ``pending_ids`` holds (see
+    :func:`_source`), as the module says: the dataset's table, its closed stretches and its
+    change rows. What they were is left in ``pub_rows`` for :func:`entries`, and the rest in
+    ``pub_seen``."""
     quote = session.get_bind().dialect.identifier_preparer.quote
     casts = plain_casts(tables)
     columns = tables.columns
@@ -224,8 +238,11 @@ def publish_plain(
         "now": now,
     }
     session.execute(text(f"DROP TABLE IF EXISTS pg_temp.{ROWS}"))
-    with _by_key(session):
-        _make_rows(session, tables, casts, names, params)
+    # no cache of each payload's fields: every payload is read once, and a cache keyed on it
+    # hashes the whole payload once per field
+    with _by_key(session), planner_method_off(session, "enable_memoize"):
+        _make_rows(session, tables, casts, names, params, _source(session, tables, pending_ids))
+    _leave_the_rest(session, found=pending_ids is not None)
     listed = ", ".join(names)
     olds = ", ".join(f"p.b{i}" for i in range(len(columns)))
     values = _written_values(names)
@@ -254,8 +271,6 @@ def publish_plain(
         f"SELECT p.entity_key, {', '.join(value for _, value in values)} "
         f"FROM {ROWS} p WHERE NOT p.known ORDER BY p.entity_key",
         _change_rows(session, tables),
-        # what is left to Python: the observations these statements did not write
-        f"DELETE FROM {SEEN} s USING {ROWS} p WHERE s.id = p.obs_id",
     ):
         session.execute(text(statement), params)
     added, changed = session.execute(
@@ -264,6 +279,26 @@ def publish_plain(
         )
     ).one()
     return Written(int(added), int(changed))
+
+
+def _leave_the_rest(session: Session, *, found: bool) -> None:
+    """Leave to Python (in ``pub_seen``) the observations of ``pub_rows`` these statements do
+    not write, and keep in ``pub_rows`` those they do. ``found``: ``pub_rows`` holds every
+    observation to look at (else ``pub_seen`` does)."""
+    if found:
+        session.execute(text(f"DROP TABLE IF EXISTS pg_temp.{SEEN}"))
+        session.execute(
+            text(
+                f"CREATE TEMP TABLE {SEEN} ON COMMIT DROP AS "
+                f"SELECT obs_id AS id FROM {ROWS} WHERE NOT written"
+            )
+        )
+        session.execute(text(f"ANALYZE {SEEN}"))
+    else:
+        session.execute(
+            text(f"DELETE FROM {SEEN} s USING {ROWS} p WHERE s.id = p.obs_id AND p.written")
+        )
+    session.execute(text(f"DELETE FROM {ROWS} WHERE NOT written"))
 
 
 def _written_values(names: Sequence[str]) -> list[tuple[str, str]]:
@@ -316,25 +351,31 @@ def _make_rows(
     casts: PlainCasts,
     names: Sequence[str],
     params: dict[str, Any],
+    source: tuple[str, str],
 ) -> None:
-    """Fill ``pub_rows``: each plain entity of ``pub_seen`` with its new values (``n0``…),
-    the row the table holds (``b0``…, ``x_…``), its history's facts and its ``mode``."""
+    """Fill ``pub_rows``: each observation of ``source`` (see :func:`_source`) with its new
+    values (``n0``…, when they are all plain), the row the table holds (``b0``…, ``x_…``), its
+    history's facts, its ``mode``, and whether these statements write it (``written``)."""
     columns = tables.columns
-    x, closed = target_name(session, tables.current), target_name(session, tables.closed)
+    closed = target_name(session, tables.closed)
     same = " AND ".join(f"q.b{i} IS NOT DISTINCT FROM q.n{i}" for i in range(len(columns)))
     differs = " OR ".join(f"q.b{i} IS DISTINCT FROM q.n{i}" for i in range(len(columns)))
     ambiguous = " OR ".join(_ambiguous(c, f"q.b{i}", f"q.n{i}") for i, c in enumerate(columns))
     undone = "q.x_by = ANY(CAST(:undo AS text[]))"
+    found, condition = source
     session.execute(
         text(
             f"CREATE TEMP TABLE {ROWS} ON COMMIT DROP AS SELECT q.*, "
             f"CASE WHEN NOT q.known THEN 'new' WHEN {undone} THEN 'reopen' "
             f"WHEN {same or 'true'} THEN 'keep' "
             "WHEN q.x_last >= CAST(:start AS timestamptz) THEN 'correct' ELSE 'close' END AS mode, "
-            f"q.known AND ({differs or 'false'}) AS differs "
-            "FROM (SELECT o.id AS obs_id, o.entity_key, o.partition, o.payload_hash, "
+            f"q.known AND ({differs or 'false'}) AS differs, "
+            "q.plain AND NOT q.undone "
+            f"AND NOT (q.known AND {undone} AND q.closed_from IS NOT NULL) "
+            f"AND NOT ({ambiguous or 'false'}) AS written "
+            "FROM (SELECT o.id AS obs_id, o.entity_key, o.partition, o.payload_hash, e.plain, "
             + "".join(
-                f"CAST({v} AS {_SQL_TYPES[c.type]}) AS n{i}, "
+                f"CASE WHEN e.plain THEN CAST({v} AS {_SQL_TYPES[c.type]}) END AS n{i}, "
                 for i, (c, v) in enumerate(zip(columns, casts.values, strict=True))
             )
             + "x.entity_key IS NOT NULL AS known, "
@@ -345,12 +386,13 @@ def _make_rows(
             "WHERE c.entity_key = o.entity_key) AS closed_from, "
             f"EXISTS (SELECT 1 FROM {closed} c WHERE c.entity_key = o.entity_key "
             "AND c.closed_by_run_id = ANY(CAST(:undo AS text[]))) AS undone "
-            f"FROM {SEEN} s JOIN {Observation.__tablename__} o ON o.id = s.id "
-            f"CROSS JOIN LATERAL (SELECT {casts.extracted} OFFSET 0) AS e "
-            f"LEFT JOIN {x} x ON x.entity_key = o.entity_key "
-            "WHERE " + " AND ".join(casts.conditions or ("true",)) + ") q "
-            f"WHERE NOT q.undone AND NOT (q.known AND {undone} AND q.closed_from IS NOT NULL) "
-            f"AND NOT ({ambiguous or 'false'})"
+            f"{found} "
+            # each field's type and text taken once, and whether every value is plain told once
+            # (OFFSET 0 keeps the planner from inlining either into each expression reading it)
+            "CROSS JOIN LATERAL (SELECT e.*, "
+            + " AND ".join(casts.conditions or ("true",))
+            + f" AS plain FROM (SELECT {casts.extracted} OFFSET 0) AS e OFFSET 0) AS e "
+            f"WHERE {condition}) q"
         ),
         params,
     )

@@ -9,7 +9,7 @@ partition's state, and the dataset's table holds the run's valid rows."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -57,14 +57,17 @@ def _evaluate(services: Services, run_id: str) -> str:
 
 
 @contextmanager
-def _marks(services: Services, start: str = "UPDATE observations") -> Iterator[list[str]]:
+def _marks(
+    services: Services, start: str | Callable[[str], bool] = "UPDATE observations"
+) -> Iterator[list[str]]:
     """The statements run meanwhile that begin so (by default: the UPDATEs of observations),
-    as sent."""
+    or that ``start`` holds true of, as sent."""
     seen: list[str] = []
+    chosen = start if callable(start) else lambda flat: flat.startswith(start)
 
     def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         flat = " ".join(statement.split())
-        if flat.startswith(start):
+        if chosen(flat):
             seen.append(flat)
 
     event.listen(services.uow.engine, "before_cursor_execute", note)
@@ -134,7 +137,12 @@ def test_a_partition_whose_verdict_turns_turns_every_row_of_it(
     )
 
 
-SEARCH = "CREATE TEMP TABLE pub_seen"  # the search for the run's new and changed entities
+def _is_search(flat: str) -> bool:
+    """Whether a statement is the search for the run's new and changed entities: over the whole
+    run, or over the rows written since the last verdict (``obs_pending``)."""
+    return flat.startswith("CREATE TEMP TABLE pub_") and (
+        "FROM observations o" in flat or "FROM obs_pending" in flat
+    )
 
 
 def _table(services: Services) -> dict[str, str]:
@@ -169,13 +177,60 @@ def test_a_continue_of_a_published_run_searches_only_the_rows_it_wrote_for_chang
     changed[5]["title"] = "A new title"  # a change the price does not show
     changed += product_records(2, start=700)
     _continued(services, cloud, job_id, changed)
-    with _marks(services, SEARCH) as searches:
+    with _marks(services, _is_search) as searches:
         assert _evaluate(services, run_id) == "published"
 
     assert len(searches) == 1
-    assert "FROM obs_pending p CROSS JOIN LATERAL" in searches[0]
+    assert "FROM obs_pending pd CROSS JOIN LATERAL" in searches[0]
     assert _table(services) == {r["sku"]: r["price"] for r in changed}
     assert _fed(services, run_id) == Counter({"changed": 4, "added": 2})
+
+
+def test_a_continue_leaves_to_python_only_the_rows_whose_values_the_database_cannot_read(
+    services: Services, cloud: CloudState
+) -> None:
+    """Of the rows a "Continue" wrote, those holding a value the database does not read as the
+    casts do (a title of symbols alone) are published through Python, the others by the
+    statements: the table and the change feed hold both, each once."""
+    records = product_records(40)
+    job_id = _published(services, cloud, records)
+    run_id = run_id_of(job_id)
+
+    changed = [dict(r) for r in records]
+    changed[4]["title"] = "\u2605 \u2605 \u2605"  # no ASCII letter or digit: not plain
+    changed[9]["title"] = "Plain and new"
+    changed[17]["price"] = "4.20"
+    changed[17]["title"] = "\u2014"
+    changed += [{**product_records(1, start=800)[0], "title": "\u2606"}]
+    _continued(services, cloud, job_id, changed)
+    with _marks(services, _is_search) as searches:
+        assert _evaluate(services, run_id) == "published"
+
+    assert len(searches) == 1
+    assert "FROM obs_pending pd CROSS JOIN LATERAL" in searches[0]
+    with services.uow.begin() as session:
+        titles = dict(session.execute(text("SELECT sku, title FROM datasets.products")).all())
+        fed = session.execute(
+            text(
+                "SELECT entity_key, kind, column_name, after FROM datasets.products_changes "
+                "WHERE run_id = :run AND revision = (SELECT revision FROM runs "
+                "WHERE run_id = :run) ORDER BY id"
+            ),
+            {"run": run_id},
+        ).all()
+    assert titles == {r["sku"]: r["title"] for r in changed}
+    assert _table(services) == {r["sku"]: r["price"] for r in changed}
+    new_sku = changed[-1]["sku"]
+    assert sorted((key, kind, column) for key, kind, column, _ in fed if kind == "changed") == [
+        (changed[4]["sku"], "changed", "title"),
+        (changed[9]["sku"], "changed", "title"),
+        (changed[17]["sku"], "changed", "price"),
+        (changed[17]["sku"], "changed", "title"),
+    ]
+    assert [(key, kind) for key, kind, _, _ in fed if kind == "added"] == [(new_sku, "added")]
+    after = {(key, column): value for key, _, column, value in fed}
+    assert after[(changed[4]["sku"], "title")] == changed[4]["title"]
+    assert after[(new_sku, None)]["title"] == "\u2606"
 
 
 def test_a_partition_that_passes_again_is_published_whole(
@@ -194,7 +249,7 @@ def test_a_partition_that_passes_again_is_published_whole(
     mended = product_records(30, start=500, retailers=(RETAILERS[1],))
     mended += product_records(1, start=900, retailers=(RETAILERS[0],))
     _continued(services, cloud, job_id, records + mended)
-    with _marks(services, SEARCH) as searches:
+    with _marks(services, _is_search) as searches:
         assert _evaluate(services, run_id) == "published"
 
     assert _table(services) == {r["sku"]: r["price"] for r in records + mended}
@@ -232,7 +287,7 @@ def test_a_run_that_takes_the_pointer_after_a_continue_is_published_whole(
 
     more = records + product_records(20, start=600)
     _continued(services, cloud, job_id, more)
-    with _marks(services) as marks, _marks(services, SEARCH) as searches:
+    with _marks(services) as marks, _marks(services, _is_search) as searches:
         assert _evaluate(services, run_id) == "published"
 
     assert _table(services) == {r["sku"]: r["price"] for r in more}
