@@ -166,14 +166,16 @@ def apply_publication(
         )
         for batch in _new_and_changed(session, tables, run.run_id, among=among):
             _publish_batch(publishing, tables, batch)
+    others = had_rows  # whether the table may hold rows of other runs
     if not copied:  # after a first copy the table holds only rows of this run
+        held, others = _rows_held(session, tables, run.run_id)
         quarantined = _quarantined(session, run.run_id)
         kept = _set_aside(session, run.run_id)
-        for gone in _missing(session, tables, run.run_id, valid_rows):
+        for gone in _missing(session, tables, run.run_id, valid_rows, held):
             _remove_batch(publishing, tables, gone, quarantined, kept)
     if copied:  # a baseline, counted only: the rows the database copied are added too
         feed.counts[ADDED] += copied
-    if had_rows:  # rows written before this publication may have been observed unchanged
+    if had_rows and others:  # rows of other runs may have been observed unchanged
         _take_unchanged(session, tables, run)
     return Materialised(feed.change_set(), tuple(feed.announce()))
 
@@ -423,16 +425,23 @@ def whole_set_joins(session: Session) -> AbstractContextManager[None]:
     return planner_method_off(session, "enable_nestloop")
 
 
+def _rows_held(session: Session, tables: DatasetTables, run_id: str) -> tuple[int, bool]:
+    """How many rows ``X`` holds, and whether any comes from another run, in one pass."""
+    x = tables.current.c
+    held, others = session.execute(
+        select(func.count(), func.count().filter(x.run_id != run_id)).select_from(tables.current)
+    ).one()
+    return int(held), bool(others)
+
+
 def _missing(
-    session: Session, tables: DatasetTables, run_id: str, valid_rows: int
+    session: Session, tables: DatasetTables, run_id: str, valid_rows: int, held: int
 ) -> Iterator[dict[str, tuple[str | None, Values]]]:
     """The rows of ``X`` whose entity has no valid observation in the run, in batches: entity
     key -> (partition, values). Only rows already read are deleted while reading. None when
-    ``X`` holds as many rows as the run has valid observations (``valid_rows``): each of those
-    has its row by now, so two counts spare the anti-join of the whole run with the whole
-    table."""
-    count = session.execute(select(func.count()).select_from(tables.current)).scalar_one()
-    if count == valid_rows:
+    ``X`` holds (``held``) as many rows as the run has valid observations (``valid_rows``):
+    each has its row by now, so two counts spare the anti-join of the run with the table."""
+    if held == valid_rows:
         return
     names = [c.name for c in tables.columns]
     with whole_set_joins(session):
@@ -470,7 +479,8 @@ def _published_before(session: Session, dataset: str) -> bool:
 
 
 def _take_unchanged(session: Session, tables: DatasetTables, run: Run) -> None:
-    """The rows the run observed unchanged now come from it."""
+    """The rows the run observed unchanged now come from it (when the table holds rows of
+    other runs: a "Continue" published over its own has none, and is spared the pass)."""
     o = Observation.__table__.c
     x = tables.current.c
     with whole_set_joins(session):  # the whole run against the whole table, as in _missing

@@ -177,11 +177,13 @@ def test_a_continue_of_a_published_run_searches_only_the_rows_it_wrote_for_chang
     changed[5]["title"] = "A new title"  # a change the price does not show
     changed += product_records(2, start=700)
     _continued(services, cloud, job_id, changed)
-    with _marks(services, _is_search) as searches:
+    moves = "UPDATE datasets.products SET run_id"  # rows of other runs moved to this one
+    with _marks(services, _is_search) as searches, _marks(services, moves) as moved:
         assert _evaluate(services, run_id) == "published"
 
     assert len(searches) == 1
     assert "FROM obs_pending pd CROSS JOIN LATERAL" in searches[0]
+    assert moved == []  # the table holds no row of another run: no pass over the run to move any
     assert _table(services) == {r["sku"]: r["price"] for r in changed}
     assert _fed(services, run_id) == Counter({"changed": 4, "added": 2})
 
