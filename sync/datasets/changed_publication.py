@@ -392,7 +392,9 @@ def _make_rows(
             "CROSS JOIN LATERAL (SELECT e.*, "
             + " AND ".join(casts.conditions or ("true",))
             + f" AS plain FROM (SELECT {casts.extracted} OFFSET 0) AS e OFFSET 0) AS e "
-            f"WHERE {condition}) q"
+            # each row's values, casts and history facts made once (OFFSET 0: else the planner
+            # inlines them into every comparison below that reads them)
+            f"WHERE {condition} OFFSET 0) q"
         ),
         params,
     )
