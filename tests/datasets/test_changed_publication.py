@@ -57,8 +57,9 @@ def _record() -> st.SearchStrategy[dict[str, Any]]:
 
 
 _window = st.dictionaries(st.sampled_from(KEYS), _record(), max_size=len(KEYS))
-# the next window, the same window published again, or the last published run withdrawn
-_step = st.tuples(st.sampled_from(["next", "next", "again", "withdraw"]), _window)
+# the next window, the same window published again (whole, or as after a "Continue": from the
+# ids of the rows written since), or the last published run withdrawn
+_step = st.tuples(st.sampled_from(["next", "next", "again", "continue", "withdraw"]), _window)
 
 
 def _play(services: Services, dataset: Dataset, steps: list[tuple[str, dict[str, Any]]]) -> None:
@@ -71,7 +72,7 @@ def _play(services: Services, dataset: Dataset, steps: list[tuple[str, dict[str,
             continue
         day = day + 1 if kind == "next" or day < 0 else day
         records = {key: {"sku": key, **values} for key, values in found.items()}
-        run_id = publish(services, dataset, day, records)
+        run_id = publish(services, dataset, day, records, pending=kind == "continue")
         if run_id not in published:
             published.append(run_id)
 
@@ -141,6 +142,10 @@ def _state(services: Services, dataset: Dataset) -> dict[str, Any]:
         ("withdraw", {}),
         ("next", {"S1": {"price": "1.5", "seen": "2026-11-02T10:00:00.250000Z"}}),
     ],
+)
+@example(  # a "Continue": plain and awkward values, from the rows written since
+    first={"S0": {"price": "1", "title": "Kettle"}, "S1": {"price": "2"}},
+    then=[("continue", {"S0": {"price": "$3", "title": "—"}, "S2": {"price": "4", "stock": 3}})],
 )
 @given(first=_window, then=st.lists(_step, min_size=1, max_size=5))
 def test_the_set_based_publication_writes_what_the_python_path_writes(

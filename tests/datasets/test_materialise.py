@@ -26,6 +26,7 @@ from sync.identity import observation_key
 from sync.ingest import run_rows
 from sync.models import Observation, PartitionVerdict, Publication, Run
 from sync.runs import publication
+from sync.runs.shapes import PENDING
 from sync.states import PartitionState, RunState
 from tests.datasets.flow import (
     assert_rows_are_open_stretches,
@@ -77,10 +78,12 @@ def publish(
     *,
     partitions: Mapping[str, Records] | None = None,
     quarantined: frozenset[str] = frozenset(),
+    pending: bool = False,
 ) -> str:
     """Write one daily window's observations (``found`` in partition ``r1``, plus any others)
     and publish the run as an accepted verdict does, the ``quarantined`` partitions failed;
-    its run id."""
+    its run id. ``pending``: when the dataset's published run is this one, published as the
+    verdict on a "Continue" does, from the ids of the rows written since (here, all of them)."""
     window = (DAY + timedelta(days=day)).strftime("%Y-%m-%d")
     run_id = dataset.run_id_for(window)
     now = DAY + timedelta(days=day, hours=6)
@@ -123,14 +126,23 @@ def publish(
         _judged(session, run)
         run.revision += 1
         run.state = RunState.ACCEPTED
+        previous = publication.current_publication(session, dataset.name)
+        again = pending and previous is not None and previous.run_id == run_id
+        if again:
+            session.execute(text(f"CREATE TEMP TABLE {PENDING} (id bigint) ON COMMIT DROP"))
+            session.execute(
+                text(f"INSERT INTO {PENDING} SELECT id FROM observations WHERE run_id = :run"),  # noqa: S608 - a constant name
+                {"run": run_id},
+            )
         publication.publish(
             session,
             dataset,
             run,
             records=len(rows),
-            previous=publication.current_publication(session, dataset.name),
+            previous=previous,
             now=now,
             schema=services.settings.data_schema,
+            pending_ids=PENDING if again else None,
         )
         session.commit()
     return run_id
