@@ -1,7 +1,8 @@
 """A later publication written by set-based statements (PostgreSQL) leaves the dataset's table,
 its history, its change feed and its event exactly as the Python path does: random windows of
-plain and awkward values, published, published again and withdrawn, each sequence played both
-ways into two datasets and compared row for row."""
+plain and awkward values, published, published again (whole, or from the rows written since, as
+after a "Continue") and withdrawn, each sequence played both ways into two datasets and compared
+row for row."""
 
 from __future__ import annotations
 
