@@ -30,9 +30,9 @@ from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import column, table, text
+from sqlalchemy import CursorResult, column, table, text
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import TableClause
 
@@ -287,13 +287,18 @@ def _leave_the_rest(session: Session, *, found: bool) -> None:
     observation to look at (else ``pub_seen`` does)."""
     if found:
         session.execute(text(f"DROP TABLE IF EXISTS pg_temp.{SEEN}"))
-        session.execute(
-            text(
-                f"CREATE TEMP TABLE {SEEN} ON COMMIT DROP AS "
-                f"SELECT obs_id AS id FROM {ROWS} WHERE NOT written"
-            )
-        )
+        left = cast(
+            CursorResult[Any],
+            session.execute(
+                text(
+                    f"CREATE TEMP TABLE {SEEN} ON COMMIT DROP AS "
+                    f"SELECT obs_id AS id FROM {ROWS} WHERE NOT written"
+                )
+            ),
+        ).rowcount
         session.execute(text(f"ANALYZE {SEEN}"))
+        if not left:  # most often: every row is written, and pub_rows need not be read again
+            return
     else:
         session.execute(
             text(f"DELETE FROM {SEEN} s USING {ROWS} p WHERE s.id = p.obs_id AND p.written")
