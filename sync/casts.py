@@ -22,10 +22,12 @@ json       any value, kept as JSON                     ``["a", "b"]``
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -221,3 +223,102 @@ _CASTS = {
     "timestamp": _timestamp,
     "json": _json,
 }
+
+
+# What a record's values must be for the database to cast them as :func:`cast` does, each read
+# with the simple cast of its column's type (sync.datasets.first_publication reads them so). A
+# value checked here as the record is imported spares the database the check, which is most of
+# the time a first publication spends reading values.
+_PLAIN_VERSION = 1
+_PLAIN_DECIMAL = re.compile(r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?")
+_PLAIN_WHOLE = re.compile(r"-?[0-9]{1,18}")
+
+
+def _plain_decimal(v: Any) -> bool:
+    # a string, or a whole JSON number (always within 64 bits once stored), of up to 30 digits
+    return type(v) is int or (type(v) is str and _PLAIN_DECIMAL.fullmatch(v) is not None)
+
+
+def _plain_whole(v: Any) -> bool:
+    if type(v) is int:
+        return -(10**18) < v < 10**18
+    return type(v) is str and _PLAIN_WHOLE.fullmatch(v) is not None
+
+
+def _plain_boolean(v: Any) -> bool:
+    return type(v) is bool
+
+
+def _never(v: Any) -> bool:
+    return False  # only an absent value is plain
+
+
+_PLAIN_OF: dict[str, Callable[[Any], bool]] = {
+    "numeric": _plain_decimal,
+    "integer": _plain_whole,
+    "boolean": _plain_boolean,
+    "none": _never,
+}
+
+
+@dataclass(frozen=True)
+class PlainValues:
+    """Which records a database reads as :func:`cast` would, with one simple cast per column:
+    every value absent (missing, ``null`` or ``""``) or plain for the column it fills. Plain
+    is a string that is not blank (kept as it is, as :func:`cast` keeps it), for a ``text``
+    column; a string ``-?digits(.digits)?`` (at most 30 digits on either side) or a whole JSON
+    number, for a ``numeric`` column with a decimal point; a string or a JSON number of at most
+    18 digits, for an ``integer`` column; ``true`` or ``false`` for a ``boolean`` column; nothing
+    else. ``kinds`` names the fields read otherwise than as text; every other field is read as
+    text, whether a column takes it or not."""
+
+    kinds: tuple[tuple[str, str], ...] = ()
+    _by_field: dict[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_by_field", dict(self.kinds))
+
+    @classmethod
+    def of(cls, columns: tuple[Column, ...]) -> PlainValues | None:
+        """The plain values of a table with ``columns``; None when two columns read one field
+        as two types (a value plain for one may not be for the other)."""
+        kinds: dict[str, str] = {}
+        for column in columns:
+            kind = _plain_kind(column)
+            if kinds.setdefault(column.field, kind) != kind:
+                return None
+        return cls(tuple(sorted((f, k) for f, k in kinds.items() if k != "text")))
+
+    @property
+    def fingerprint(self) -> str:
+        """A short digest of these rules: a record is marked plain under it."""
+        described = repr((_PLAIN_VERSION, self.kinds))
+        return hashlib.blake2b(described.encode(), digest_size=8).hexdigest()
+
+    def holds(self, record: dict[str, Any]) -> bool:
+        """Whether every value of ``record`` (a stored payload) is absent or plain."""
+        kinds = self._by_field
+        for name, value in record.items():
+            if type(value) is str:
+                if not value:
+                    continue  # an empty string is absent
+                if name not in kinds:  # text: the commonest case, checked inline
+                    # not blank: a first character in printable ASCII tells it at once
+                    if not "!" <= value[0] <= "~" and not value.strip():
+                        return False
+                    continue
+            elif value is None:
+                continue
+            elif name not in kinds:
+                return False
+            if not _PLAIN_OF[kinds[name]](value):
+                return False
+        return True
+
+
+def _plain_kind(column: Column) -> str:
+    if column.type in ("text", "integer", "boolean"):
+        return column.type
+    if column.type == "numeric" and column.decimal == ".":
+        return "numeric"
+    return "none"

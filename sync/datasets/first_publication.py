@@ -11,6 +11,11 @@ Anything else (currency signs, grouping, decimal commas, fractions written as JS
 timestamps, JSON values, and every value that fails its cast) takes the row through Python, whose
 casts keep the failures.
 
+The import checks each record it copies straight in against the same rule where it reads its
+values anyway (:class:`sync.casts.PlainValues`, whose rule for text is Python's own: any string
+that is not blank), and marks the rows it finds plain (``observations.plain_for``): those are cast
+here without a check, the rest checked here.
+
 The rows go into the empty table with its primary key set aside, and the key is built from them
 after, in one pass over the sorted keys (:func:`_key_built_after`).
 """
@@ -29,6 +34,7 @@ from sqlalchemy.orm import Session
 
 from config.columns import Column
 from sync.acceptance import row_states
+from sync.casts import PlainValues
 from sync.datasets.rows import target_name
 from sync.datasets.tables import DatasetTables
 from sync.models import Observation
@@ -116,33 +122,57 @@ def plain_casts(tables: DatasetTables) -> PlainCasts:
     return PlainCasts(params, ", ".join(extracted), tuple(conditions), tuple(values))
 
 
+def _simple(column: Column, value: str) -> str:
+    """The SQL that casts a value known to be absent or plain (``value`` its text)."""
+    sql_type = {"text": "", "integer": "bigint", "boolean": "boolean"}.get(column.type)
+    if column.type == "numeric" and column.decimal == ".":
+        sql_type = "numeric"
+    if sql_type is None:
+        return "NULL"  # only an absent value is plain
+    absent_as_null = f"NULLIF({value}, '')"
+    return f"CAST({absent_as_null} AS {sql_type})" if sql_type else absent_as_null
+
+
 def copy_plain_rows(
     session: Session, tables: DatasetTables, *, run_id: str, window: str, start: datetime
 ) -> int:
     """Write to the (empty) table every valid observation of the run whose values are all
-    plain; returns how many rows were written."""
+    plain; returns how many rows were written. A row marked as it was copied in as holding
+    only plain values (:class:`sync.casts.PlainValues`, under the table's columns) is cast
+    without a check; the others' values are checked here."""
     quote = session.get_bind().dialect.identifier_preparer.quote
     casts = plain_casts(tables)
+    marks = PlainValues.of(tables.columns)
     params: dict[str, Any] = {
         **casts.params,
         "run_id": run_id,
         "window": window,
         "start": start,
+        "plain": "" if marks is None else marks.fingerprint,  # "": no row's mark
     }
+    marked = "o.plain_for = :plain"
+    values = (
+        # a column only an absent value is plain for is NULL either way (and keeps its type)
+        v
+        if v == "NULL"
+        else f"CASE WHEN {marked} THEN {_simple(c, f'(o.payload ->> :f{i})')} ELSE {v} END"
+        for i, (c, v) in enumerate(zip(tables.columns, casts.values, strict=True))
+    )
     names = ", ".join(quote(c.name) for c in tables.columns)
     target = target_name(session, tables.current)
     statement = (
         f"INSERT INTO {target} (entity_key, {names}, partition, "  # noqa: S608 - names are quoted identifiers
         "run_id, collection_window, first_seen_at, last_changed_at, cast_failures, payload_hash, "
         "changed_by_run_id) "
-        f"SELECT o.entity_key, {', '.join(casts.values)}, o.partition, CAST(:run_id AS text), "
+        f"SELECT o.entity_key, {', '.join(values)}, o.partition, CAST(:run_id AS text), "
         "CAST(:window AS text), CAST(:start AS timestamptz), "
         "CAST(:start AS timestamptz), NULL, o.payload_hash, CAST(:run_id AS text) "
         f"FROM {Observation.__tablename__} o "
-        # each value's type and text are taken from the payload once (OFFSET 0 keeps the
-        # planner from inlining them into every condition that reads them)
-        f"CROSS JOIN LATERAL (SELECT {casts.extracted} OFFSET 0) AS e "
-        f"WHERE {row_states.valid_sql()}" + "".join(f" AND {c}" for c in casts.conditions)
+        # an unmarked row's values have their type and text taken from the payload once (OFFSET
+        # 0 keeps the planner from inlining them into every condition that reads them)
+        f"LEFT JOIN LATERAL (SELECT {casts.extracted} WHERE o.plain_for IS DISTINCT FROM "
+        f":plain OFFSET 0) AS e ON true WHERE {row_states.valid_sql()} "
+        f"AND ({marked} OR ({' AND '.join(casts.conditions) or 'true'}))"
     )
     with _key_built_after(session, target):
         result = cast(CursorResult[Any], session.execute(text(statement), params))

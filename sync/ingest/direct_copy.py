@@ -24,7 +24,7 @@ _SPOOL_BUFFER = 1 << 20
 # the most (partition, shape) groups a copy counts for its run's first evaluation: records that
 # differ that much are counted by the database instead (see sync.runs.shapes)
 MAX_GROUPS = 1000
-_DIRECT = f"COPY observations ({WRITTEN_COLUMNS}, shape) FROM STDIN"
+_DIRECT = f"COPY observations ({WRITTEN_COLUMNS}, shape, plain_for) FROM STDIN"
 
 
 class DirectCopy:
@@ -53,9 +53,16 @@ class DirectCopy:
         self.groups: Counter[tuple[str | None, str | None]] | None = Counter()
         self._failed: str | None = None  # why the server refused the copy before its end
 
-    def add(self, staged: Identified, line_digest: bytes | None, shape: str | None) -> None:
-        """Copy one record with its shape, and keep it in the spool (without the shape: a
-        record staged again from the spool is read again by its evaluation)."""
+    def add(
+        self,
+        staged: Identified,
+        line_digest: bytes | None,
+        shape: str | None,
+        plain_for: str | None = None,
+    ) -> None:
+        """Copy one record with its shape and plain values' mark, and keep it in the spool
+        (without either: a record staged again from the spool is read again by its evaluation
+        and checked by its publication)."""
         observation_key, entity_key, partition, start_url, payload, payload_hash = staged
         s = self._source
         groups = self.groups
@@ -82,6 +89,7 @@ class DirectCopy:
                         self._now,
                         self._now,
                         shape,
+                        plain_for,
                     )
                 )
             except psycopg.Error as exc:  # the server gave up on the copy: the spool goes on

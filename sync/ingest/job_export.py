@@ -12,10 +12,13 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from config.datasets import Dataset
 from sync.bootstrap import Services
+from sync.casts import PlainValues
 from sync.cloud.client import CloudClient
 from sync.cloud.download import Line
 from sync.cloud.jobs import CloudJob
+from sync.datasets.columns import columns_of
 from sync.identity import RecordIdentity
 from sync.ingest import records, repeat, run_rows, staging
 from sync.ingest.line_digests import LineDigests
@@ -158,6 +161,9 @@ def _stage(
             first_known=digest.stop,
             expected=job.stored_record_count,
         )
+    # read before the stager, whose copy straight in (a run with no rows yet) holds the
+    # connection until the export ends
+    plain = None if keys_first else _plain_values(session, target.dataset)
     stager = staging.ObservationStager(
         session, run_id=target.run_id, source=source, keys_first=keys_first
     )
@@ -171,8 +177,15 @@ def _stage(
             max_record_bytes=services.settings.max_record_bytes,
             tick=tick,
             lines=known,
+            plain=plain,
         )
     except BaseException as exc:
         stager.abort(exc)
         raise
     return Staged(stager, source, read, digest, found.version, found.groups)
+
+
+def _plain_values(session: Session, dataset: Dataset) -> PlainValues | None:
+    """The plain values of the dataset's columns, as its tables hold them or will (the registry's,
+    else its datasets file's; with neither, every field is a text column)."""
+    return PlainValues.of(columns_of(session, dataset.name, dataset.columns))

@@ -12,8 +12,9 @@ import orjson
 
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
 from sync.acceptance.records import tally_record
+from sync.casts import PlainValues
 from sync.cloud.download import InvalidRecord, KnownLines
-from sync.identity import META_FIELDS, RecordIdentity
+from sync.identity import META_FIELDS, Identified, RecordIdentity
 from sync.ingest.line_digests import LineDigests
 from sync.ingest.staging import ObservationStager
 
@@ -148,15 +149,19 @@ class ExportRead:
     invalid: SetAside = field(default_factory=SetAside)
 
 
-def _shape(scratch: PartitionTally, record: Mapping[str, Any], rules: RecordRules) -> str | None:
-    """The shape of a record as its evaluation would find it in the stored payload (the record
-    without Cloud's metadata fields), or None to leave it to the evaluation: a record with a
-    defect, or one holding a number that the database would give back in another form (a float
-    written with an exponent, an infinity stored as null, an integer past 64 bits), whose casts
-    could then read otherwise."""
+def _stored(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record as its payload is stored: without Cloud's metadata fields."""
     payload = dict(record)  # a copy less its metadata: a fraction of a comprehension's steps
     for name in META_FIELDS:
         payload.pop(name, None)
+    return payload
+
+
+def _shape(scratch: PartitionTally, payload: dict[str, Any], rules: RecordRules) -> str | None:
+    """The shape of a record as its evaluation would find it in the stored payload, or None to
+    leave it to the evaluation: a record with a defect, or one holding a number that the
+    database would give back in another form (a float written with an exponent, an infinity
+    stored as null, an integer past 64 bits), whose casts could then read otherwise."""
     for value in payload.values():
         kind = type(value)
         if kind is float:
@@ -165,6 +170,36 @@ def _shape(scratch: PartitionTally, record: Mapping[str, Any], rules: RecordRule
         elif kind is int and not -(2**63) <= value < 2**64:
             return None
     return tally_record(scratch, payload, rules)
+
+
+def _set_aside(
+    invalid: SetAside,
+    line: int,
+    item: Mapping[str, Any],
+    staged: Identified,
+    identify: RecordIdentity,
+    max_record_bytes: int,
+) -> bool:
+    """Whether a record cannot be stored; if so, it is set aside and counted (one bad record
+    never sinks a job), and its entity kept with the values at fault."""
+    partition = staged[2]
+    problem = record_problem(
+        item,
+        partition=partition,
+        canonical=staged[4],
+        start_url=staged[3],
+        max_record_bytes=max_record_bytes,
+    )
+    if problem is None:
+        return False
+    aside = InvalidRecord(line, *problem, partition=partition)
+    invalid.add(aside)
+    invalid.keep_entity(
+        aside,
+        staged[1],
+        values_at_fault(item, *problem, partition_field=identify.dataset.partition),
+    )
+    return True
 
 
 def stage_export(
@@ -176,12 +211,14 @@ def stage_export(
     max_record_bytes: int,
     tick: Callable[[int], None],
     lines: LineDigests | None = None,
+    plain: PlainValues | None = None,
 ) -> ExportRead:
     """Stage every storable record of an export; set the others aside and count them.
     ``tick`` gets the count of lines read every thousand staged records. ``lines`` digests the
     lines as ``records`` reads them: each record is staged with its line's digest, and lines
-    known as stored rows' come as KnownLines, counted by the stager. Should it raise, the caller
-    aborts the stager (:meth:`ObservationStager.abort`) before it rolls back."""
+    known as stored rows' come as KnownLines, counted by the stager. Where the stager copies
+    straight in, a record whose values are all ``plain`` is marked so. Should it raise, the
+    caller aborts the stager (:meth:`ObservationStager.abort`) before it rolls back."""
     found = ExportRead()
     invalid = found.invalid
     read = missing = protected = 0
@@ -194,6 +231,8 @@ def stage_export(
     rules = RecordRules.of(identify.dataset) if stager.takes_shapes else None
     prefix = rules.fingerprint + "|" if rules is not None else ""
     scratch = PartitionTally(NO_PARTITION)
+    plain = plain if stager.takes_plain else None
+    plain_for = None if plain is None else plain.fingerprint
     for line, item in records:
         if isinstance(item, KnownLines):
             known(item.indexes)
@@ -218,28 +257,19 @@ def stage_export(
             or len(canonical) > quarter
             or (partition is not None and len(partition) > PARTITION_LIMIT)
             or (start_url is not None and "\x00" in start_url)
-        ):
-            problem = record_problem(
-                item,
-                partition=partition,
-                canonical=canonical,
-                start_url=start_url,
-                max_record_bytes=max_record_bytes,
-            )
-            if problem is not None:  # set aside and counted: one bad record never sinks a job
-                aside = InvalidRecord(line, *problem, partition=partition)
-                invalid.add(aside)
-                invalid.keep_entity(
-                    aside,
-                    staged[1],
-                    values_at_fault(item, *problem, partition_field=identify.dataset.partition),
-                )
-                continue
-        shape = _shape(scratch, item, rules) if rules is not None else None
+        ) and _set_aside(invalid, line, item, staged, identify, max_record_bytes):
+            continue
+        shape = marked = None
+        if rules is not None:
+            payload = _stored(item)
+            shape = _shape(scratch, payload, rules)
+            if plain is not None and plain.holds(payload):
+                marked = plain_for
         add(
             staged,
             lines.digest_of(line) if lines is not None else None,
             None if shape is None else prefix + shape,
+            marked,
         )
         if read % 1000 == 0:
             tick(read)

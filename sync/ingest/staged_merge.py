@@ -84,7 +84,7 @@ def upsert_sql(table: str, *, postgres: bool) -> str:
         "line_digest = excluded.line_digest, partition = excluded.partition, "
         "start_url = excluded.start_url, "
         "entity_key = excluded.entity_key, source_job_id = excluded.source_job_id, "
-        "source_attempt_id = excluded.source_attempt_id, shape = NULL, "
+        "source_attempt_id = excluded.source_attempt_id, shape = NULL, plain_for = NULL, "
         "last_changed_at = excluded.last_changed_at "
         "WHERE observations.payload_hash <> excluded.payload_hash"
     )
@@ -235,7 +235,7 @@ def write_changes(
                 "payload_hash = c.payload_hash, line_digest = c.line_digest, "
                 "partition = c.partition, "
                 "start_url = c.start_url, entity_key = c.entity_key, source_job_id = :job_id, "
-                "source_attempt_id = :attempt_id, shape = NULL, "
+                "source_attempt_id = :attempt_id, shape = NULL, plain_for = NULL, "
                 f"last_changed_at = :now FROM {table} c "
                 "WHERE o.observation_key = c.observation_key AND o.run_id = :in_run "
                 "AND o.payload_hash <> c.payload_hash"

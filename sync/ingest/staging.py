@@ -183,15 +183,26 @@ class ObservationStager:
         :mod:`sync.runs.shapes`; a merge after the download forgets it)."""
         return self._direct is not None or self._early is not None
 
+    @property
+    def takes_plain(self) -> bool:
+        """Whether records are copied straight in, where a record's mark that its values are
+        all plain (the fingerprint of :class:`sync.casts.PlainValues`), given to :meth:`add`,
+        is stored with it (a merge forgets it)."""
+        return self._direct is not None
+
     def add(
-        self, staged: Identified, line_digest: bytes | None = None, shape: str | None = None
+        self,
+        staged: Identified,
+        line_digest: bytes | None = None,
+        shape: str | None = None,
+        plain_for: str | None = None,
     ) -> None:
         """Stage one record: its values as :class:`RecordIdentity` gives them, the digest of
         its line (see :mod:`sync.ingest.line_digests`) and, where :attr:`takes_shapes`, its
-        shape."""
+        shape, and where :attr:`takes_plain`, its plain values' mark."""
         self.count += 1
         if self._direct is not None:
-            self._direct.add(staged, line_digest, shape)
+            self._direct.add(staged, line_digest, shape, plain_for)
             return
         if self._spool is not None:
             observation_key, entity_key, partition, start_url, payload, payload_hash = staged

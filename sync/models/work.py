@@ -206,6 +206,9 @@ class Observation(Base):
     # had no defect (its rules' fingerprint, then the fields it fills and leaves empty); a
     # merge after the download forgets it
     shape: Mapped[str | None] = mapped_column(Text)
+    # the fingerprint of the plain values (sync.casts.PlainValues) every value of the record
+    # was found to be when it was copied in, read so by a first publication; a merge forgets it
+    plain_for: Mapped[str | None] = mapped_column(String(16))
     first_seen_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_changed_at: Mapped[datetime] = mapped_column(default=utcnow)
 

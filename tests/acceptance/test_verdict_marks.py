@@ -356,3 +356,46 @@ def test_a_run_of_many_imports_is_read_once_to_find_its_valid_rows(
     scans = [line for line in plan.splitlines() if " on observations" in line]
     assert scans, plan
     assert all("loops=1)" in line for line in scans), plan
+
+
+def _plain_marks(services: Services, run_id: str) -> dict[str, bool]:
+    """Each row of the run by key: whether it is marked as holding only plain values."""
+    o = Observation.__table__.c
+    with services.uow.begin() as session:
+        rows = session.execute(
+            select(o.entity_key, o.plain_for.is_not(None)).where(o.run_id == run_id)
+        ).all()
+    return {key: bool(marked) for key, marked in rows}
+
+
+def test_a_first_sync_marks_its_plain_rows_and_a_merge_forgets_the_mark(
+    services: Services, cloud: CloudState
+) -> None:
+    """A run's first sync marks each record whose values are all plain as it copies it in, so
+    that its first publication casts the row unchecked; a "Continue" that rewrites a row
+    forgets its mark, and the publication then reads every row as the casts do, marked or
+    not."""
+    records = product_records(40)
+    records[3]["title"] = " "  # blank: the casts make it NULL, so not plain
+    records[5]["title"] = "  \u2605"  # not blank: plain, and kept as it is
+    job_id = finished_job(cloud, records)
+    sync_offline(services, job_id)
+    run_id = run_id_of(job_id)
+    skus = [r["sku"] for r in records]
+    assert _plain_marks(services, run_id) == {sku: sku != skus[3] for sku in skus}
+
+    changed = [dict(r) for r in records]
+    changed[7]["title"] = "\u00a0"  # rewritten blank: its mark must go
+    changed[9]["price"] = "4.20"  # rewritten, plain: a merge marks nothing
+    changed += product_records(1, start=800)  # a "Continue" reads more records
+    _continued(services, cloud, job_id, changed)
+    marks = _plain_marks(services, run_id)
+    unmarked = [skus[3], skus[7], skus[9], changed[-1]["sku"]]
+    assert [r["sku"] for r in changed if not marks[r["sku"]]] == unmarked
+    assert _evaluate(services, run_id) == "published"
+
+    with services.uow.begin() as session:
+        titles = dict(session.execute(text("SELECT sku, title FROM datasets.products")).all())
+    assert titles == {r["sku"]: r["title"] if r["title"].strip() else None for r in changed}
+    assert titles[skus[5]] == "  \u2605"
+    assert _table(services) == {r["sku"]: r["price"] for r in changed}

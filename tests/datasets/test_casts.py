@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sqlalchemy import text
 
 from config.columns import Column
-from sync.casts import RAW_KEPT, cast, cast_record, to_json
+from sync.bootstrap import Services
+from sync.casts import RAW_KEPT, PlainValues, cast, cast_record, to_json
 
 NUMERIC = Column("price", "price", "numeric")
 COMMA = Column("price", "price", "numeric", decimal=",")
@@ -129,3 +132,70 @@ def test_a_cast_never_raises(raw: Any) -> None:
     for kind in ("text", "integer", "numeric", "boolean", "timestamp", "json"):
         value, failure = cast(Column("c", "c", kind), raw)
         assert failure is None or value is None
+
+
+_MARKED_COLUMNS = (
+    Column("v", "v"),
+    Column("v", "v", "numeric"),
+    Column("v", "v", "numeric", decimal=","),
+    Column("v", "v", "integer"),
+    Column("v", "v", "boolean"),
+    Column("v", "v", "timestamp"),
+    Column("v", "v", "json"),
+)
+_SCRAPED = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text().filter(lambda s: "\x00" not in s),  # a record holding NUL is never stored
+    st.from_regex(r"-?[0-9]{1,32}(\.[0-9]{1,32})?", fullmatch=True),
+    st.sampled_from(["", " ", "\u00a0", "\u3000x", "  \u2605", "-0", "007", "1,200", "1e3"]),
+    st.lists(st.integers(), max_size=2),
+)
+
+
+@pytest.mark.postgres
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(value=_SCRAPED)
+def test_a_value_the_import_marks_plain_is_read_by_the_database_as_the_casts_read_it(
+    services: Services, value: Any
+) -> None:
+    """A first publication casts a row the import marked plain with one simple cast per column,
+    unchecked: every value the mark admits must come out of it exactly as :func:`cast` gives
+    it, and without a failure."""
+    from sync.datasets.first_publication import _simple
+
+    payload = json.dumps({"v": value})  # as stored: integers past 64 bits too
+    marked = [c for c in _MARKED_COLUMNS if _marks(c).holds({"v": value})]
+    if not marked:
+        return
+    with services.uow.begin() as session:
+        got = session.execute(
+            text(
+                f"SELECT {', '.join(_simple(c, '(o.payload ->> :f)') for c in marked)} "  # noqa: S608 - built from constants
+                "FROM (SELECT CAST(:p AS jsonb) AS payload) AS o"
+            ),
+            {"p": payload, "f": "v"},
+        ).one()
+    for column, read in zip(marked, got, strict=True):
+        expected, failure = cast(column, value)
+        assert failure is None, (column, value)
+        assert read == expected, (column, value, read)
+        assert type(read) is type(expected), (column, value, read)
+
+
+def _marks(column: Column) -> PlainValues:
+    marks = PlainValues.of((column,))
+    assert marks is not None
+    return marks
+
+
+def test_two_columns_reading_one_field_as_two_types_mark_no_record() -> None:
+    """A value plain for one column may not be for another of the same field: no mark."""
+    assert PlainValues.of((Column("a", "v"), Column("b", "v", "numeric"))) is None
+    same = PlainValues.of((Column("a", "v", "numeric"), Column("b", "v", "numeric")))
+    assert same is not None
+    assert same.holds({"v": "1.5"})

@@ -63,7 +63,15 @@ _window = st.dictionaries(st.sampled_from(KEYS), _record(), max_size=len(KEYS))
 _step = st.tuples(st.sampled_from(["next", "next", "again", "continue", "withdraw"]), _window)
 
 
-def _play(services: Services, dataset: Dataset, steps: list[tuple[str, dict[str, Any]]]) -> None:
+def _play(
+    services: Services,
+    dataset: Dataset,
+    steps: list[tuple[str, dict[str, Any]]],
+    *,
+    marked: bool = False,
+) -> None:
+    """Publish each step's window; ``marked``: the first window's rows marked plain where
+    they are, as a first sync's copy marks them."""
     published: list[str] = []
     day = -1
     for kind, found in steps:
@@ -73,7 +81,14 @@ def _play(services: Services, dataset: Dataset, steps: list[tuple[str, dict[str,
             continue
         day = day + 1 if kind == "next" or day < 0 else day
         records = {key: {"sku": key, **values} for key, values in found.items()}
-        run_id = publish(services, dataset, day, records, pending=kind == "continue")
+        run_id = publish(
+            services,
+            dataset,
+            day,
+            records,
+            pending=kind == "continue",
+            marked=marked and not published,
+        )
         if run_id not in published:
             published.append(run_id)
 
@@ -163,7 +178,7 @@ def test_the_set_based_publication_writes_what_the_python_path_writes(
     with monkeypatch.context() as patched:
         patched.setattr(materialise, "SET_BASED", False)
         _play(services, by_python, steps)
-    _play(services, by_sql, steps)
+    _play(services, by_sql, steps, marked=True)
     assert _state(services, by_sql) == _state(services, by_python)
     assert_rows_are_open_stretches(services, by_sql.name)
 

@@ -19,8 +19,9 @@ from sqlalchemy.orm import Session
 from config.columns import Column
 from config.datasets import Dataset
 from sync.bootstrap import Services
-from sync.casts import cast_record
+from sync.casts import PlainValues, cast_record
 from sync.datasets import first_publication, materialise, schema
+from sync.datasets.columns import columns_of
 from sync.datasets.rows import target_name
 from sync.identity import observation_key
 from sync.ingest import run_rows
@@ -79,11 +80,14 @@ def publish(
     partitions: Mapping[str, Records] | None = None,
     quarantined: frozenset[str] = frozenset(),
     pending: bool = False,
+    marked: bool = False,
 ) -> str:
     """Write one daily window's observations (``found`` in partition ``r1``, plus any others)
     and publish the run as an accepted verdict does, the ``quarantined`` partitions failed;
     its run id. ``pending``: when the dataset's published run is this one, published as the
-    verdict on a "Continue" does, from the ids of the rows written since (here, all of them)."""
+    verdict on a "Continue" does, from the ids of the rows written since (here, all of them).
+    ``marked``: each row whose values are all plain is marked so, as a copy straight in marks
+    it (the others, as a merge writes them, are not)."""
     window = (DAY + timedelta(days=day)).strftime("%Y-%m-%d")
     run_id = dataset.run_id_for(window)
     now = DAY + timedelta(days=day, hours=6)
@@ -95,6 +99,7 @@ def publish(
             run = Run(run_id=run_id, dataset=dataset.name, collection_window=window, created_at=now)
             session.add(run)
             session.flush()
+        marks = PlainValues.of(columns_of(session, dataset.name, dataset.columns))
         rows = [
             {
                 "observation_key": observation_key(dataset.name, window, key),
@@ -109,6 +114,9 @@ def publish(
                 ).hexdigest(),
                 "source_job_id": day,
                 "source_attempt_id": "a",
+                "plain_for": marks.fingerprint
+                if marked and marks is not None and marks.holds(payload)
+                else None,
             }
             for partition, group in groups.items()
             for key, payload in group.items()
@@ -439,12 +447,16 @@ def test_thirty_windows_of_ten_thousand_with_one_percent_changed_grow_history_by
     assert_rows_are_open_stretches(services)
 
 
+@pytest.mark.parametrize("marked", [False, True], ids=["checked", "marked"])
 def test_a_first_publication_reads_every_value_as_the_casts_do(
-    services: Services, monkeypatch: pytest.MonkeyPatch
+    services: Services, monkeypatch: pytest.MonkeyPatch, marked: bool
 ) -> None:
     """A first publication on PostgreSQL has the database cast the rows whose values are all
     plain and Python the rest: whichever path a row takes, it holds exactly what
-    ``sync.casts`` gives for its payload, with the same failures, and every row is counted."""
+    ``sync.casts`` gives for its payload, with the same failures, and every row is counted.
+    So too when the import marked the rows it found plain (which the database then casts
+    without a check): a text that is not blank but that the database's own check leaves to
+    Python, a blank one and a number in a text column are among them."""
     columns = (
         Column("sku", "sku"),
         Column("title", "title"),
@@ -468,6 +480,9 @@ def test_a_first_publication_reads_every_value_as_the_casts_do(
         {"title": "-", "price": "1", "stock": "2"},
         {"title": "~\u00a0", "price": "1.0"},
         {"title": " \u3000 "},
+        {"title": "  \u2605", "price": "-12", "stock": -(10**17), "in_stock": None},
+        {"title": "\u2605", "price": 10**17, "stock": "1" * 18, "seen": ""},
+        {"title": " ", "price": "1.5", "stock": "2"},
         {},
     ]
     if services.uow.engine.dialect.name == "postgresql":  # the bounds of the database's path
@@ -487,11 +502,19 @@ def test_a_first_publication_reads_every_value_as_the_casts_do(
         return copied[-1]
 
     monkeypatch.setattr(first_publication, "copy_plain_rows", spy)
-    publish(services, dataset, 0, cast(Any, found))
+    publish(services, dataset, 0, cast(Any, found), marked=marked)
     if services.uow.engine.dialect.name == "postgresql":  # both paths were taken
         assert 0 < copied[0] < len(found)
     else:
         assert copied == []
+    with services.uow.begin() as session:
+        marks = session.execute(select(Observation.entity_key, Observation.plain_for)).all()
+    plain = {key for key, mark in marks if mark is not None}
+    if marked:  # a row of each kind, marked or not (so both casts were read)
+        assert {"S000", "S001", "S012", "S013"} <= plain
+        assert not plain & {"S003", "S005", "S011", "S014"}
+    else:
+        assert plain == set()
     rows = current_rows(services)
     assert set(rows) == set(found)
     names = [c.name for c in columns]
