@@ -26,7 +26,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -232,6 +232,7 @@ _CASTS = {
 _PLAIN_VERSION = 1
 _PLAIN_DECIMAL = re.compile(r"-?[0-9]{1,30}(?:\.[0-9]{1,30})?")
 _PLAIN_WHOLE = re.compile(r"-?[0-9]{1,18}")
+_NOT_BLANK_FIRST = frozenset(chr(c) for c in range(33, 127))  # printable ASCII but a space
 
 
 def _plain_decimal(v: Any) -> bool:
@@ -298,20 +299,19 @@ class PlainValues:
     def holds(self, record: dict[str, Any]) -> bool:
         """Whether every value of ``record`` (a stored payload) is absent or plain."""
         kinds = self._by_field
-        for name, value in record.items():
-            if type(value) is str:
-                if not value:
-                    continue  # an empty string is absent
-                if name not in kinds:  # text: the commonest case, checked inline
-                    # not blank: a first character in printable ASCII tells it at once
-                    if not "!" <= value[0] <= "~" and not value.strip():
-                        return False
-                    continue
-            elif value is None:
-                continue
-            elif name not in kinds:
-                return False
-            if not _PLAIN_OF[kinds[name]](value):
+        values: Iterable[Any] = record.values()
+        if kinds:
+            for name, kind in kinds.items():
+                value = record.get(name)
+                if value is not None and value != "" and not _PLAIN_OF[kind](value):
+                    return False
+            values = [v for k, v in record.items() if k not in kinds]
+        for value in values:  # text: the commonest case, checked inline
+            if type(value) is not str:
+                if value is not None:
+                    return False
+            # not blank: a first character in printable ASCII tells it at once
+            elif value and value[0] not in _NOT_BLANK_FIRST and not value.strip():
                 return False
         return True
 

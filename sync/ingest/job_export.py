@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
 from config.datasets import Dataset
@@ -25,6 +26,7 @@ from sync.ingest.line_digests import LineDigests
 from sync.ingest.staging import UpsertCounts
 from sync.ingest.store import Lease
 from sync.ingest.targets import Target
+from sync.models import Publication
 
 
 @dataclass(frozen=True)
@@ -187,5 +189,10 @@ def _stage(
 
 def _plain_values(session: Session, dataset: Dataset) -> PlainValues | None:
     """The plain values of the dataset's columns, as its tables hold them or will (the registry's,
-    else its datasets file's; with neither, every field is a text column)."""
+    else its datasets file's; with neither, every field is a text column), for the records of
+    a dataset never published: only its first publication reads the marks (a later one finds
+    its changed rows first, and checks those)."""
+    published = select(exists().where(Publication.dataset == dataset.name))
+    if session.execute(published).scalar_one():
+        return None
     return PlainValues.of(columns_of(session, dataset.name, dataset.columns))

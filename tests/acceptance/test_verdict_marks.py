@@ -374,7 +374,7 @@ def test_a_first_sync_marks_its_plain_rows_and_a_merge_forgets_the_mark(
     """A run's first sync marks each record whose values are all plain as it copies it in, so
     that its first publication casts the row unchecked; a "Continue" that rewrites a row
     forgets its mark, and the publication then reads every row as the casts do, marked or
-    not."""
+    not. A dataset published before has its runs' rows left unmarked."""
     records = product_records(40)
     records[3]["title"] = " "  # blank: the casts make it NULL, so not plain
     records[5]["title"] = "  \u2605"  # not blank: plain, and kept as it is
@@ -399,3 +399,8 @@ def test_a_first_sync_marks_its_plain_rows_and_a_merge_forgets_the_mark(
     assert titles == {r["sku"]: r["title"] if r["title"].strip() else None for r in changed}
     assert titles[skus[5]] == "  \u2605"
     assert _table(services) == {r["sku"]: r["price"] for r in changed}
+
+    # the next job's run is published by its changes, never by a first copy: no marks
+    next_job = finished_job(cloud, records)
+    sync_offline(services, next_job)
+    assert set(_plain_marks(services, run_id_of(next_job)).values()) == {False}
