@@ -26,7 +26,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -299,19 +299,28 @@ class PlainValues:
     def holds(self, record: dict[str, Any]) -> bool:
         """Whether every value of ``record`` (a stored payload) is absent or plain."""
         kinds = self._by_field
-        values: Iterable[Any] = record.values()
-        if kinds:
-            for name, kind in kinds.items():
-                value = record.get(name)
-                if value is not None and value != "" and not _PLAIN_OF[kind](value):
+        if not kinds:  # every field read as text: the commonest case, checked inline
+            for value in record.values():
+                if type(value) is not str:
+                    if value is not None:
+                        return False
+                # not blank: a first character in printable ASCII tells it at once
+                elif value and value[0] not in _NOT_BLANK_FIRST and not value.strip():
                     return False
-            values = [v for k, v in record.items() if k not in kinds]
-        for value in values:  # text: the commonest case, checked inline
-            if type(value) is not str:
-                if value is not None:
-                    return False
-            # not blank: a first character in printable ASCII tells it at once
-            elif value and value[0] not in _NOT_BLANK_FIRST and not value.strip():
+            return True
+        for name, value in record.items():
+            if type(value) is str:
+                if not value:
+                    continue  # an empty string is absent
+                if name not in kinds:
+                    if value[0] not in _NOT_BLANK_FIRST and not value.strip():
+                        return False
+                    continue
+            elif value is None:
+                continue
+            elif name not in kinds:
+                return False
+            if not _PLAIN_OF[kinds[name]](value):
                 return False
         return True
 
