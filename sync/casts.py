@@ -26,7 +26,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
@@ -296,7 +296,20 @@ class PlainValues:
         described = repr((_PLAIN_VERSION, self.kinds))
         return hashlib.blake2b(described.encode(), digest_size=8).hexdigest()
 
-    def holds(self, record: dict[str, Any]) -> bool:
+    @property
+    def typed_fields(self) -> Mapping[str, str]:
+        """The fields read otherwise than as text, each with its kind."""
+        return self._by_field
+
+    def holds_typed(self, record: Mapping[str, Any]) -> bool:
+        """Whether every field read otherwise than as text is absent or plain in ``record``."""
+        for name, kind in self._by_field.items():
+            value = record.get(name)
+            if value is not None and value != "" and not _PLAIN_OF[kind](value):
+                return False
+        return True
+
+    def holds(self, record: Mapping[str, Any]) -> bool:
         """Whether every value of ``record`` (a stored payload) is absent or plain."""
         kinds = self._by_field
         if not kinds:  # every field read as text: the commonest case, checked inline

@@ -11,7 +11,7 @@ import orjson
 
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
 from sync.acceptance.parsers import PARSERS, is_filled
-from sync.casts import cast
+from sync.casts import PlainValues, cast
 
 
 def _carries_marker(texts: list[str], markers: Sequence[str]) -> bool:
@@ -36,10 +36,22 @@ def tally_record(
 ) -> str | None:
     """Count one record's defects, and the fields it fills, into its partition's tally; return
     its shape when it has no defect (the fields it fills and those it leaves empty: all that it
-    counted besides one record, see :func:`add_shape`), None when it has one.
+    counted besides one record, see :func:`add_shape`), None when it has one."""
+    return profile_record(tally, record, rules)[0]
 
-    Every record of a run passes here: one pass over its fields serves the fill counts and the
-    empty-shell check."""
+
+def profile_record(
+    tally: PartitionTally,
+    record: Mapping[str, Any],
+    rules: RecordRules,
+    plain: PlainValues | None = None,
+) -> tuple[str | None, bool]:
+    """:func:`tally_record`'s shape, and whether every value of the record is ``plain``
+    (:meth:`PlainValues.holds`; False without ``plain``).
+
+    Every record of a run passes here: one pass over its fields serves the fill counts, the
+    empty-shell check and the text columns' share of the plain check (a text is plain when it
+    is empty or not blank, which the fill count tells)."""
     tally.records += 1
     filled = tally.filled
     identity = rules.identity_fields
@@ -47,6 +59,8 @@ def tally_record(
     full: list[str] = []
     empty: list[str] = []
     texts: list[str] = []  # for the consent check, in the record's order
+    is_plain = plain is not None
+    typed = plain.typed_fields if plain is not None else {}
     for name, value in record.items():
         if type(value) is str:  # the commonest case: :func:`is_filled` without its dispatch
             texts.append(value)
@@ -55,17 +69,23 @@ def tally_record(
             if isinstance(value, str):
                 texts.append(value)
             has = is_filled(value)
+            if value is not None and name not in typed:
+                is_plain = False  # a text column's value that is not a string
         if has:
             full.append(name)
             filled[name] = filled.get(name, 0) + 1
             if name not in identity:
                 content = content_filled = True
         else:
+            if value and name not in typed:
+                is_plain = False  # blank text, which the casts read as NULL
             empty.append(name)
             if name not in filled:
                 filled[name] = 0
             if name not in identity:
                 content = True
+    if is_plain and typed:
+        is_plain = plain is not None and plain.holds_typed(record)
     clean = True
     for name in rules.required:
         if name not in full:  # missing, or empty
@@ -94,10 +114,10 @@ def tally_record(
         tally.empty_shells += 1
         clean = False
     if not clean or unparsable:
-        return None
+        return None, is_plain
     full.sort()  # in name order: the same record read in another key order has the same shape
     empty.sort()
-    return orjson.dumps([full, empty]).decode()
+    return orjson.dumps([full, empty]).decode(), is_plain
 
 
 def add_shape(tally: PartitionTally, found: str, records: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 
 from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
-from sync.acceptance.records import tally_record
+from sync.acceptance.records import profile_record
 from sync.casts import PlainValues
 from sync.cloud.download import InvalidRecord, KnownLines
 from sync.identity import META_FIELDS, Identified, RecordIdentity
@@ -157,19 +157,25 @@ def _stored(record: Mapping[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def _shape(scratch: PartitionTally, payload: dict[str, Any], rules: RecordRules) -> str | None:
+def _shape(
+    scratch: PartitionTally,
+    payload: dict[str, Any],
+    rules: RecordRules,
+    plain: PlainValues | None = None,
+) -> tuple[str | None, bool]:
     """The shape of a record as its evaluation would find it in the stored payload, or None to
     leave it to the evaluation: a record with a defect, or one holding a number that the
     database would give back in another form (a float written with an exponent, an infinity
-    stored as null, an integer past 64 bits), whose casts could then read otherwise."""
+    stored as null, an integer past 64 bits), whose casts could then read otherwise; and
+    whether its values are all ``plain`` (such a number leaves that to the publication too)."""
     for value in payload.values():
         kind = type(value)
         if kind is float:
             if not math.isfinite(value) or "e" in repr(value) or b"e" in orjson.dumps(value):
-                return None
+                return None, False
         elif kind is int and not -(2**63) <= value < 2**64:
-            return None
-    return tally_record(scratch, payload, rules)
+            return None, False
+    return profile_record(scratch, payload, rules, plain)
 
 
 def _set_aside(
@@ -259,17 +265,14 @@ def stage_export(
             or (start_url is not None and "\x00" in start_url)
         ) and _set_aside(invalid, line, item, staged, identify, max_record_bytes):
             continue
-        shape = marked = None
+        shape, marked = None, False
         if rules is not None:
-            payload = _stored(item)
-            shape = _shape(scratch, payload, rules)
-            if plain is not None and plain.holds(payload):
-                marked = plain_for
+            shape, marked = _shape(scratch, _stored(item), rules, plain)
         add(
             staged,
             lines.digest_of(line) if lines is not None else None,
             None if shape is None else prefix + shape,
-            marked,
+            plain_for if marked else None,
         )
         if read % 1000 == 0:
             tick(read)

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from sqlalchemy import text
 
 from config.columns import Column
+from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
+from sync.acceptance.records import profile_record
 from sync.bootstrap import Services
 from sync.casts import RAW_KEPT, PlainValues, cast, cast_record, to_json
 
@@ -169,7 +171,7 @@ def test_a_value_the_import_marks_plain_is_read_by_the_database_as_the_casts_rea
     from sync.datasets.first_publication import _simple
 
     payload = json.dumps({"v": value})  # as stored: integers past 64 bits too
-    marked = [c for c in _MARKED_COLUMNS if _marks(c).holds({"v": value})]
+    marked = [c for c in _MARKED_COLUMNS if _plain_values((c,)).holds({"v": value})]
     if not marked:
         return
     with services.uow.begin() as session:
@@ -187,11 +189,6 @@ def test_a_value_the_import_marks_plain_is_read_by_the_database_as_the_casts_rea
         assert type(read) is type(expected), (column, value, read)
 
 
-def _marks(column: Column) -> PlainValues:
-    marks = PlainValues.of((column,))
-    assert marks is not None
-    return marks
-
 
 def test_two_columns_reading_one_field_as_two_types_mark_no_record() -> None:
     """A value plain for one column may not be for another of the same field: no mark."""
@@ -199,3 +196,34 @@ def test_two_columns_reading_one_field_as_two_types_mark_no_record() -> None:
     same = PlainValues.of((Column("a", "v", "numeric"), Column("b", "v", "numeric")))
     assert same is not None
     assert same.holds({"v": "1.5"})
+
+
+_TYPED = (
+    Column("price", "price", "numeric"),
+    Column("stock", "stock", "integer"),
+    Column("ok", "ok", "boolean"),
+    Column("seen", "seen", "timestamp"),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    record=st.dictionaries(
+        st.sampled_from(["title", "sku", "price", "stock", "ok", "seen"]), _SCRAPED, max_size=6
+    ),
+    typed=st.booleans(),
+)
+def test_the_tallys_pass_tells_the_plain_records_that_the_rule_tells(
+    record: dict[str, Any], typed: bool
+) -> None:
+    """The import marks a record plain in the tally's one pass over its fields: exactly the
+    records :meth:`PlainValues.holds` calls plain, for text columns and typed ones."""
+    plain = _plain_values(_TYPED if typed else ())
+    found = profile_record(PartitionTally(NO_PARTITION), record, RecordRules(), plain)[1]
+    assert found == plain.holds(record)
+
+
+def _plain_values(columns: tuple[Column, ...]) -> PlainValues:
+    plain = PlainValues.of(columns)
+    assert plain is not None
+    return plain
