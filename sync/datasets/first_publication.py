@@ -11,10 +11,10 @@ Anything else (currency signs, grouping, decimal commas, fractions written as JS
 timestamps, JSON values, and every value that fails its cast) takes the row through Python, whose
 casts keep the failures.
 
-The import checks each record it copies straight in against the same rule where it reads its
-values anyway (:class:`sync.casts.PlainValues`, whose rule for text is Python's own: any string
-that is not blank), and marks the rows it finds plain (``observations.plain_for``): those are cast
-here without a check, the rest checked here.
+The first sync of a dataset never published checks each record it copies straight in against
+the same rule where it reads its values anyway (:class:`sync.casts.PlainValues`, whose rule for
+text is Python's own: any string that is not blank), and marks the rows it finds plain
+(``observations.plain_for``): those are cast here without a check, the rest checked here.
 
 The rows go into the empty table with its primary key set aside, and the key is built from them
 after, in one pass over the sorted keys (:func:`_key_built_after`).

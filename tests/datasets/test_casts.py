@@ -189,7 +189,6 @@ def test_a_value_the_import_marks_plain_is_read_by_the_database_as_the_casts_rea
         assert type(read) is type(expected), (column, value, read)
 
 
-
 def test_two_columns_reading_one_field_as_two_types_mark_no_record() -> None:
     """A value plain for one column may not be for another of the same field: no mark."""
     assert PlainValues.of((Column("a", "v"), Column("b", "v", "numeric"))) is None
