@@ -8,6 +8,7 @@ a Redis restart or flush never needs a process restart.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import uuid
@@ -50,7 +51,12 @@ class BoundedUnsubscribe:
                 "Worker %s: unsubscribing from channel %s", self.name, self.pubsub_channel_name
             )
             self.pubsub_thread.stop(timeout=0)
-            self.pubsub.unsubscribe()
+            # the thread, told to stop, may end first and close its connection (which leaves
+            # the channel), or Redis may be gone: either way there is no channel left to leave
+            with contextlib.suppress(
+                redis.exceptions.ConnectionError, redis.exceptions.TimeoutError
+            ):
+                self.pubsub.unsubscribe()
             self.pubsub_thread.join(timeout=1)
             self.pubsub.close()
 

@@ -65,3 +65,31 @@ def test_a_subscribed_worker_leaves_its_channel_with_its_pubsub_thread_ended() -
     worker.unsubscribe()
     assert not pubsub.subscribed
     assert not thread.is_alive()
+
+
+def test_a_worker_whose_pubsub_thread_closed_its_connection_first_still_stops(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Told to stop, the pubsub thread may end and close its connection (which leaves the
+    channel) while the worker sends its unsubscribe, which then fails on the closed socket (a
+    busy machine makes it happen): the stop goes on, the thread ends and nothing is raised."""
+    worker = SyncWorker(["scrapesync"], connection=redis.Redis.from_url(REDIS_URL))
+    worker.subscribe()
+    pubsub, thread = worker.pubsub, worker.pubsub_thread
+    assert pubsub is not None
+    assert thread is not None
+    deadline = time.monotonic() + 10
+    while not pubsub.subscribed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pubsub.subscribed
+
+    def closed_first() -> None:
+        thread.join(timeout=10)  # the thread ends (it closes its connection) first
+        raise redis.exceptions.ConnectionError(
+            "Error 9 while writing to socket. Bad file descriptor."
+        )
+
+    monkeypatch.setattr(pubsub, "unsubscribe", closed_first)
+    worker.unsubscribe()
+    assert not thread.is_alive()
+    assert not pubsub.subscribed
