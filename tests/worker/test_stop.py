@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -38,12 +39,8 @@ def test_unsubscribing_never_waits_out_the_pubsub_threads_minute() -> None:
     assert not stopping.is_alive(), "unsubscribe waited for the pubsub thread's minute"
 
 
-def test_a_subscribed_worker_leaves_its_channel_with_its_pubsub_thread_ended() -> None:
-    """The usual stop: the worker is still subscribed. Its pubsub thread is told to stop before
-    the channel is left, so reading the confirmation ends it. (Told after, a thread that read
-    the confirmation first went on to wait for a subscription, and every stop took the whole
-    second's join: a busy machine did so often.) The unsubscribe here returns only once the
-    thread has read the confirmation, the order a busy machine makes likely."""
+def _subscribed() -> tuple[SyncWorker, Any, threading.Thread]:
+    """A worker subscribed to its channel: it, its pubsub and the pubsub's thread."""
     worker = SyncWorker(["scrapesync"], connection=redis.Redis.from_url(REDIS_URL))
     worker.subscribe()
     pubsub, thread = worker.pubsub, worker.pubsub_thread
@@ -53,6 +50,17 @@ def test_a_subscribed_worker_leaves_its_channel_with_its_pubsub_thread_ended() -
     while not pubsub.subscribed and time.monotonic() < deadline:
         time.sleep(0.01)
     assert pubsub.subscribed
+    return worker, pubsub, thread
+
+
+def test_a_subscribed_worker_leaves_its_channel_with_its_pubsub_thread_ended() -> None:
+    """The usual stop: the worker is still subscribed. Its pubsub thread is told to stop before
+    the channel is left, so reading the confirmation ends it. (Told after, a thread that read
+    the confirmation first went on to wait for a subscription, and every stop took the whole
+    second's join: a busy machine did so often.) The unsubscribe here returns only once the
+    thread has read the confirmation, the order a busy machine makes likely."""
+    worker, pubsub, thread = _subscribed()
+    deadline = time.monotonic() + 10
     leave = pubsub.unsubscribe
 
     def unsubscribe_and_wait_for_the_thread() -> object:
@@ -73,15 +81,7 @@ def test_a_worker_whose_pubsub_thread_closed_its_connection_first_still_stops(
     """Told to stop, the pubsub thread may end and close its connection (which leaves the
     channel) while the worker sends its unsubscribe, which then fails on the closed socket (a
     busy machine makes it happen): the stop goes on, the thread ends and nothing is raised."""
-    worker = SyncWorker(["scrapesync"], connection=redis.Redis.from_url(REDIS_URL))
-    worker.subscribe()
-    pubsub, thread = worker.pubsub, worker.pubsub_thread
-    assert pubsub is not None
-    assert thread is not None
-    deadline = time.monotonic() + 10
-    while not pubsub.subscribed and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert pubsub.subscribed
+    worker, pubsub, thread = _subscribed()
 
     def closed_first() -> None:
         thread.join(timeout=10)  # the thread ends (it closes its connection) first
