@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import uuid
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import select
 
 from sync.bootstrap import Services
 from sync.identity import RecordIdentity
+from sync.ingest.direct_copy import DirectCopy
 from sync.ingest.staging import ObservationStager, Source, UpsertCounts
 from sync.models import Observation
 
@@ -217,3 +223,77 @@ def test_records_merged_while_staged_store_and_count_what_a_merge_after_staging_
         "S7": "a2",
         "S8": "a2",
     }
+
+
+# every character COPY's text format reads specially, beside text it does not (no NUL: no text
+# holds one, and a record carrying one is set aside before it is staged)
+_awkward = st.lists(
+    st.one_of(
+        st.sampled_from(["\\", "\t", "\n", "\r", "\\N", "\\.", "'", '"', "\u2028", "é", "★"]),
+        st.characters(exclude_characters="\x00", exclude_categories=("Cs",)),
+    ),
+    max_size=8,
+).map("".join)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    values=st.lists(
+        st.tuples(_awkward, st.none() | _awkward, st.none() | _awkward, _awkward),
+        min_size=1,
+        max_size=5,
+        unique_by=lambda v: v[0],
+    ),
+    shape=st.none() | _awkward,
+    digest=st.none() | st.binary(min_size=16, max_size=16),
+)
+def test_what_a_first_sync_copies_straight_in_reads_back_exactly(
+    services: Services,
+    values: list[tuple[str, str | None, str | None, str]],
+    shape: str | None,
+    digest: bytes | None,
+) -> None:
+    """Every value a run's first sync copies straight in is stored exactly as it came: keys,
+    partitions, start URLs, payloads, shapes and marks holding what the copy's text format
+    escapes (backslashes, tabs, line breaks), and the line's digest."""
+    run_id = f"r-{uuid.uuid4().hex}"
+    source = Source("products", run_id, "2026-12-03", 7, "a1", NOW)
+    rows = {}
+    with services.uow.begin() as session:
+        copy = DirectCopy(session.connection(), source)
+        for key, partition, start_url, title in values:
+            payload = orjson.dumps({"sku": key, "title": title}, option=orjson.OPT_SORT_KEYS)
+            staged = (
+                hashlib.sha256(f"{run_id}\x1f{key}".encode()).hexdigest(),
+                key,
+                partition,
+                start_url,
+                payload.decode(),
+                hashlib.sha256(payload).hexdigest(),
+            )
+            copy.add(staged, digest, shape, shape)
+            rows[key] = (partition, start_url, {"sku": key, "title": title}, staged[5])
+        assert copy.finish()
+        copy.spool.close()
+        o = Observation.__table__.c
+        stored = session.execute(
+            select(
+                o.entity_key,
+                o.partition,
+                o.start_url,
+                o.payload,
+                o.payload_hash,
+                o.line_digest,
+                o.shape,
+                o.plain_for,
+                o.source_job_id,
+                o.source_attempt_id,
+                o.first_seen_at,
+            ).where(o.run_id == run_id)
+        ).all()
+        session.rollback()
+    assert {r[0]: tuple(r[1:5]) for r in stored} == rows
+    assert {(r[5], r[6], r[7]) for r in stored} == {(digest, shape, shape)}
+    assert {r[8:] for r in stored} == {(7, "a1", NOW)}
