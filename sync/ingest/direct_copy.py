@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import IO, cast
 
-import orjson
 import psycopg
 from sqlalchemy import Connection
 
 from sync import logs
 from sync.identity import Identified
-from sync.ingest.line_digests import DIGEST_SIZE
 from sync.ingest.source import Source
 
 log = logs.get("staging")
 
-_NO_DIGEST = bytes(1 + DIGEST_SIZE)
 _SPOOL_BUFFER = 1 << 20
 _SEND_ROWS = 256  # rows joined into one piece of the copy
 # the most (partition, shape) groups a copy counts for its run's first evaluation: records that
@@ -32,6 +30,8 @@ _DIRECT = (
     "source_attempt_id, first_seen_at, last_changed_at) FROM STDIN"
 )
 _ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_UNESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
 
 
 def copy_text(value: str | None) -> str:
@@ -42,6 +42,15 @@ def copy_text(value: str | None) -> str:
     if "\\" in value or "\t" in value or "\n" in value or "\r" in value:
         return value.translate(_ESCAPES)
     return value
+
+
+def copy_value(field: str) -> str | None:
+    """A field of COPY's text format as :func:`copy_text` wrote it, read back."""
+    if field == "\\N":
+        return None
+    if "\\" in field:
+        return _ESCAPED.sub(lambda m: _UNESCAPES[m[1]], field)
+    return field
 
 
 class DirectCopy:
@@ -66,7 +75,7 @@ class DirectCopy:
         self._cursor = raw.cursor()
         self._copying: AbstractContextManager[psycopg.Copy] | None = self._cursor.copy(_DIRECT)
         self._copy = self._copying.__enter__()
-        # written in large pieces: a default-sized buffer costs a system call every dozen rows
+        # the copy's rows as sent, in pieces of _SEND_ROWS rows, for staging should it fail
         self.spool: IO[bytes] = tempfile.TemporaryFile(buffering=_SPOOL_BUFFER)  # noqa: SIM115 - closed by the stager
         self.rows = 0
         # the rows copied per (partition, shape), while they are few (None: too many)
@@ -110,12 +119,6 @@ class DirectCopy:
         )
         if len(rows) >= _SEND_ROWS:
             self._send()
-        # the line's digest first (a flag byte and its 16 bytes), then the record's values
-        self.spool.write(
-            (_NO_DIGEST if line_digest is None else b"\x01" + line_digest)
-            + orjson.dumps(staged)
-            + b"\n"
-        )
 
     def finish(self) -> bool:
         """End the copy: True when every record went in, False when the server refused it (a
@@ -142,11 +145,15 @@ class DirectCopy:
         return True
 
     def _send(self) -> None:
-        """Send the rows not sent yet, as one piece of the copy."""
+        """Send the rows not sent yet, as one piece of the copy, and keep them in the spool."""
         rows, self._rows = self._rows, []
-        if rows and not self._failed:
+        if not rows:
+            return
+        data = "".join(rows).encode()
+        self.spool.write(data)
+        if not self._failed:
             try:
-                self._copy.write("".join(rows))
+                self._copy.write(data)
             except psycopg.Error as exc:  # the server gave up on the copy: the spool goes on
                 self._failed = type(exc).__name__
 
@@ -161,9 +168,12 @@ class DirectCopy:
             self._cursor.close()
 
     def spooled(self) -> Iterator[tuple[Identified, bytes | None]]:
-        """Every record the copy took, in order, with its line's digest (from the spool)."""
+        """Every record the copy took, in order, with its line's digest (from the spool, which
+        holds the copy's rows as they were sent)."""
         spool = self.spool
         spool.seek(0)
-        while digest := spool.read(1 + DIGEST_SIZE):  # as add spooled it
-            staged = cast(Identified, tuple(orjson.loads(spool.readline())))
-            yield staged, digest[1:] if digest[0] else None
+        for line in spool:
+            fields = [copy_value(f) for f in line.decode().removesuffix("\n").split("\t")]
+            staged = cast(Identified, tuple(fields[:6]))
+            digest = fields[6]
+            yield staged, None if digest is None else bytes.fromhex(digest.removeprefix("\\x"))

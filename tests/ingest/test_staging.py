@@ -257,10 +257,11 @@ def test_what_a_first_sync_copies_straight_in_reads_back_exactly(
 ) -> None:
     """Every value a run's first sync copies straight in is stored exactly as it came: keys,
     partitions, start URLs, payloads, shapes and marks holding what the copy's text format
-    escapes (backslashes, tabs, line breaks), and the line's digest."""
+    escapes (backslashes, tabs, line breaks), and the line's digest; its spool gives back
+    every record as it came, for staging should the copy fail."""
     run_id = f"r-{uuid.uuid4().hex}"
     source = Source("products", run_id, "2026-12-03", 7, "a1", NOW)
-    rows = {}
+    rows, spooled = {}, []
     with services.uow.begin() as session:
         copy = DirectCopy(session.connection(), source)
         for key, partition, start_url, title in values:
@@ -275,7 +276,9 @@ def test_what_a_first_sync_copies_straight_in_reads_back_exactly(
             )
             copy.add(staged, digest, shape, shape)
             rows[key] = (partition, start_url, {"sku": key, "title": title}, staged[5])
+            spooled.append((staged, digest))
         assert copy.finish()
+        assert list(copy.spooled()) == spooled  # what staging would read, should the copy fail
         copy.spool.close()
         o = Observation.__table__.c
         stored = session.execute(
