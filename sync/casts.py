@@ -275,6 +275,10 @@ class PlainValues:
 
     kinds: tuple[tuple[str, str], ...] = ()
     _by_field: dict[str, str] = field(init=False, repr=False, compare=False)
+    # the columns last asked about by :meth:`unsettled`, and its answer
+    _asked: tuple[tuple[Column, ...], tuple[Column, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_field", dict(self.kinds))
@@ -308,6 +312,19 @@ class PlainValues:
             if value is not None and value != "" and not _PLAIN_OF[kind](value):
                 return False
         return True
+
+    def unsettled(self, columns: tuple[Column, ...]) -> tuple[Column, ...]:
+        """Those of ``columns`` whose cast a record that :meth:`holds` may still fail: a value
+        plain for a column's own kind always casts (the tests hold this), so the columns whose
+        field is read here as the column reads it need no cast to tell. (Asked once per record
+        with the same columns, it answers from the last call.)"""
+        asked = self._asked
+        if asked is not None and asked[0] is columns:
+            return asked[1]
+        kinds = self._by_field
+        left = tuple(c for c in columns if kinds.get(c.field, "text") != _plain_kind(c))
+        object.__setattr__(self, "_asked", (columns, left))
+        return left
 
     def holds(self, record: Mapping[str, Any]) -> bool:
         """Whether every value of ``record`` (a stored payload) is absent or plain: the rule.

@@ -97,7 +97,9 @@ def profile_record(
             unparsable.add(name)
             tally.unparsable[name] = tally.unparsable.get(name, 0) + 1
             tally.note(f"unparsable:{name}", value)
-    for column in rules.casts:
+    # a record found plain has its values' casts settled where its typed columns read them
+    casts = plain.unsettled(rules.casts) if is_plain and plain is not None else rules.casts
+    for column in casts:
         if column.field in unparsable:  # one bad value counts once
             continue
         value = record.get(column.field)

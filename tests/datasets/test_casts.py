@@ -222,6 +222,29 @@ def test_the_tallys_pass_tells_the_plain_records_that_the_rule_tells(
     assert found == plain.holds(record)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    record=st.dictionaries(
+        st.sampled_from(["title", "sku", "price", "stock", "ok", "seen"]), _SCRAPED, max_size=6
+    ),
+    checked=st.integers(min_value=0, max_value=len(_TYPED)),
+)
+def test_a_record_found_plain_is_judged_as_if_every_value_were_cast(
+    record: dict[str, Any], checked: int
+) -> None:
+    """The import's tally casts only the values its plain check did not settle: a record's
+    shape, and every count and sample of its tally, come out as when each value is cast,
+    whichever of the typed columns the plain values were told of (a registry's columns may
+    differ from the datasets file's)."""
+    rules = RecordRules(casts=_TYPED)
+    plain = PlainValues.of(_TYPED[:checked])
+    assert plain is not None
+    with_plain, cast_all = PartitionTally(NO_PARTITION), PartitionTally(NO_PARTITION)
+    shape = profile_record(with_plain, record, rules, plain)[0]
+    assert shape == profile_record(cast_all, record, rules)[0]
+    assert with_plain == cast_all
+
+
 def _plain_values(columns: tuple[Column, ...]) -> PlainValues:
     plain = PlainValues.of(columns)
     assert plain is not None
