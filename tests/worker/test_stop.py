@@ -80,11 +80,15 @@ def test_a_worker_whose_pubsub_thread_closed_its_connection_first_still_stops(
 ) -> None:
     """Told to stop, the pubsub thread may end and close its connection (which leaves the
     channel) while the worker sends its unsubscribe, which then fails on the closed socket (a
-    busy machine makes it happen): the stop goes on, the thread ends and nothing is raised."""
+    busy machine makes it happen): the stop goes on, the thread ends and nothing is raised.
+    (The thread ends only once a reply wakes it from its minute's wait: the subscription's
+    confirmation, in the stop that raced; a ping's reply here.)"""
     worker, pubsub, thread = _subscribed()
 
     def closed_first() -> None:
-        thread.join(timeout=10)  # the thread ends (it closes its connection) first
+        pubsub.ping()  # its reply wakes the thread, which ends and closes its connection first
+        thread.join(timeout=10)
+        assert not thread.is_alive()
         raise redis.exceptions.ConnectionError(
             "Error 9 while writing to socket. Bad file descriptor."
         )
