@@ -35,7 +35,7 @@ from sync.bootstrap import Services
 from sync.cloud.client import CloudClient
 from sync.cloud.errors import CloudError
 from sync.cloud.jobs import CloudJob
-from sync.ingest import job_changes, job_export, run_rows, set_aside, staging, store
+from sync.ingest import cloud_facts, job_changes, job_export, run_rows, set_aside, staging, store
 from sync.ingest.failures import (
     PERMANENT,
     JobNotFinishedError,
@@ -244,6 +244,8 @@ def _import(
     the task last imported (``repeat_of_same_job``: Cloud reports the job as it was), commit
     that import's outcome (see :mod:`sync.ingest.repeat`)."""
     tick = _ticker(services, lease)
+    # Cloud's facts about the job, which its run's verdict reads, asked for beside the download
+    facts = cloud_facts.FactsAhead.start(services, target.dataset, job)
     with services.uow.begin() as session:
         found = job_export.read_export(
             services,
@@ -277,6 +279,8 @@ def _import(
         if fingerprint is not None:
             _record_fingerprint(session, lease, fingerprint)
         _finish_import(session, lease, job, target, imported, now=now)
+        if facts is not None:  # last, so that they had the whole import to come
+            facts.store(session)
         session.commit()
     services.killpoints.reached("after-commit")
     if state == TaskState.PENDING:

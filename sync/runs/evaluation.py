@@ -1,15 +1,15 @@
 """Evaluating, accepting and publishing runs.
 
-After a sync commits, its run is evaluated. Cloud's data-quality result and problematic URLs of
-the run's finished jobs are fetched first, outside any transaction. Then ONE transaction reads
-the run's tasks, jobs and observations (streamed, a few thousand rows at a time, into per
-partition tallies that also give the run's profile) and the profiles of the dataset's last
+After a sync commits, its run is evaluated. Cloud's data-quality result and problematic URLs of the
+run's finished jobs are fetched first, outside any transaction, for the jobs whose syncs did not
+bring them (a sync asks for them beside its download: :mod:`sync.ingest.cloud_facts`). Then ONE
+transaction reads the run's tasks, jobs and observations (streamed, a few thousand rows at a time,
+into per partition tallies that also give the run's profile) and the profiles of the dataset's last
 accepted runs (read by :mod:`sync.runs.evidence`), judges them with the pure rules of
-:mod:`sync.acceptance`, and writes everything the verdict changes: partition verdicts,
-quarantined observations, the run's state, reasons and revision, its profile (kept while it is
-accepted), the dataset's published pointer (moved by :mod:`sync.runs.publication`), and the outbox
-events that announce it. Until that commit the previously published run
-stays published, readable in full.
+:mod:`sync.acceptance`, and writes everything the verdict changes: partition verdicts, quarantined
+observations, the run's state, reasons and revision, its profile (kept while it is accepted), the
+dataset's published pointer (moved by :mod:`sync.runs.publication`), and the outbox events that
+announce it. Until that commit the previously published run stays published, readable in full.
 
 Repeat-safety: a run's ``revision`` goes up only when its verdict or its data changed (a new
 state, another set of passing partitions, or observations rewritten since the last verdict);
@@ -32,7 +32,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import islice
 from typing import Any
 
 from sqlalchemy import or_, select, update
@@ -48,6 +47,7 @@ from sync.alerts.verdicts import after_verdict
 from sync.bootstrap import Services
 from sync.cloud.errors import CloudError
 from sync.datasets import schema
+from sync.ingest import cloud_facts
 from sync.models import PartitionVerdict, Run, ScrapingJob
 from sync.queue import evaluation_job_id
 from sync.runs import diagnosis, evidence, publication, quarantine, shapes, verdict_rows
@@ -59,7 +59,6 @@ log = logs.get("runs")
 DECIDED = (RunState.ACCEPTED, RunState.PUBLISHED, RunState.REJECTED)
 SETTLED = (*DECIDED, *quarantine.HELD)
 OPEN = (RunState.COLLECTING, RunState.CANDIDATE)
-PROBLEMATIC_URL_LIMIT = 500
 CONFLICT_RETRIES = 5
 # a serialization failure, a deadlock, a lock not granted in time (a column being added)
 _RETRYABLE_SQLSTATES = ("40001", "40P01", "55P03")
@@ -211,17 +210,7 @@ def _refresh_cloud_facts(services: Services, run_id: str) -> dict[int, str]:
     with services.cloud() as cloud:
         for job_id, seen_at, problems in stale:
             try:
-                quality = (
-                    cloud.get_data_quality(job_id) if dataset.quality.use_cloud_quality else None
-                )
-                urls = (
-                    [
-                        {"url": u.url, "type": u.type}
-                        for u in islice(cloud.iter_problematic_urls(job_id), PROBLEMATIC_URL_LIMIT)
-                    ]
-                    if problems
-                    else []
-                )
+                facts = cloud_facts.fetch(cloud, dataset, job_id, problems=problems)
             except CloudError as exc:
                 errors[job_id] = f"{type(exc).__name__}: {exc}"
                 log.warning(
@@ -231,11 +220,7 @@ def _refresh_cloud_facts(services: Services, run_id: str) -> dict[int, str]:
                 continue
             with services.uow.begin() as session:
                 # Stamped with the sync it belongs to: a later sync makes it stale again.
-                session.execute(
-                    update(ScrapingJob)
-                    .where(ScrapingJob.job_id == job_id, ScrapingJob.last_seen_at == seen_at)
-                    .values(data_quality=quality, problematic_urls=urls, quality_checked_at=seen_at)
-                )
+                cloud_facts.store(session, job_id, facts, seen_at=seen_at)
                 session.commit()
     return errors
 
