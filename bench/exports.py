@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -129,11 +130,14 @@ def render_lines(lines: Iterable[str], n: int) -> RenderedExport:
 
 class MemoryExports:
     """WSGI middleware: a job's JSON download comes from a rendered export when one is set,
-    everything else from the wrapped simulator app. A served download counts as an API call."""
+    everything else from the wrapped simulator app. A served download counts as an API call.
+    ``latency`` (seconds) is waited before every answer: the round trip to a Cloud that is not
+    on the same machine."""
 
     def __init__(self, app: Any, prefix: str, on_call: Callable[[], None]) -> None:
         self.app = app
         self.on_call = on_call
+        self.latency = 0.0
         self._path = re.compile(re.escape(prefix) + r"/scraping-job/([0-9]+)/json")
         self._exports: dict[int, RenderedExport] = {}
         self._lock = threading.Lock()
@@ -148,6 +152,8 @@ class MemoryExports:
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
         """Answer one request."""
+        if self.latency:
+            time.sleep(self.latency)
         match = self._path.fullmatch(environ.get("PATH_INFO", ""))
         export = None
         if match is not None:

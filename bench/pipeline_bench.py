@@ -146,6 +146,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--database-url", default=DEFAULT_DATABASE_URL)
     parser.add_argument("--dlt-venv", type=Path, default=DLT_VENV, help="made when missing")
     parser.add_argument("--dlt-file-format", help="dlt's loader_file_format (default: dlt's)")
+    parser.add_argument(
+        "--cloud-latency",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="milliseconds the simulated Cloud waits before every answer (default 0: loopback)",
+    )
     parser.add_argument("--enforce", action="store_true", help="exit 1 when a target is missed")
     return parser.parse_args(argv)
 
@@ -191,6 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock = SteppedClock()
     cloud = CloudState(api_token=API_TOKEN, rate_limit=1_000_000, clock=clock)
     server = ExportServer(MemoryExports(create_app(cloud), API_PREFIX, lambda: None), API_PREFIX)
+    server.exports.latency = args.cloud_latency / 1000
     engine = db.make_engine(args.database_url)
     spawn = multiprocessing.get_context("spawn")
     with (
@@ -226,6 +234,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({args.dlt_file_format or 'its default file format'}). scrapesync: the `scrapesync "
         "sync` process from its attempt.started log line to its exit; dlt: `pipeline.run` in "
         "its process; raw COPY: in a warm worker process. Start-up is shown apart, in no figure."
+        + (
+            f" Every answer of the simulated Cloud waited {args.cloud_latency:g} ms."
+            if args.cloud_latency
+            else ""
+        )
     )
     missed = report(summarise(loads), sizes, conditions)
     return 1 if missed and args.enforce else 0
