@@ -114,10 +114,15 @@ class FactsAhead:
         finally:
             self._done.set()
 
+    def wait(self) -> None:
+        """Give facts still on their way up to FACTS_WAIT seconds more, once the import is
+        ready (and before its transaction takes the run's row, which evaluations wait for)."""
+        self._done.wait(FACTS_WAIT)
+
     def store(self, session: Session) -> bool:
-        """Keep the facts with the import being committed (whose transaction stamped the job's
-        row), once they came, waiting up to FACTS_WAIT seconds: whether they were kept."""
-        if not self._done.wait(FACTS_WAIT) or self._facts is None:
+        """Keep the facts, if they came, with the import being committed (whose transaction
+        stamped the job's row): whether they were kept."""
+        if not self._done.is_set() or self._facts is None:
             log.info(
                 "sync.cloud_facts_left_to_evaluation",
                 extra={"job_id": self.job_id, "reason": self._failure or "still waiting"},

@@ -257,6 +257,8 @@ def _import(
             tick,
             repeat_of_same_job=repeat_of_same_job,
         )
+        if facts is not None:
+            facts.wait()
         now = services.clock()
         _save_run_and_job(session, job, target, now=now)
         imported = found.merge(now) if isinstance(found, job_export.Staged) else found
@@ -279,7 +281,7 @@ def _import(
         if fingerprint is not None:
             _record_fingerprint(session, lease, fingerprint)
         _finish_import(session, lease, job, target, imported, now=now)
-        if facts is not None:  # last, so that they had the whole import to come
+        if facts is not None:
             facts.store(session)
         session.commit()
     services.killpoints.reached("after-commit")
