@@ -100,6 +100,19 @@ class Delivered:
 Answer = int | Exception | Callable[[], httpx.Response]
 
 
+class _QuietServer(ThreadingHTTPServer):
+    """A loopback server whose handler threads never print a traceback. Python 3.11 formats
+    one with ``ast.parse``, which is not safe beside another thread's parse (the test's own
+    thread may be parsing at that moment): a stalled answer written after a test ended once
+    failed the next test's setup with "AST constructor recursion depth mismatch"."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """Say nothing: a sender that gave up waiting (its timeout) is what the test arranged,
+        and what the request did is in the receiver's record."""
+
+
 @dataclass
 class Receiver:
     """An HTTP endpoint the code under test sends to. It records every request (checking the
@@ -179,8 +192,7 @@ class Receiver:
             def log_message(self, format: str, *args: Any) -> None:
                 """Keep test output clean."""
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
+        server = _QuietServer(("127.0.0.1", 0), Handler)
         thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
         thread.start()
         self.url = f"http://127.0.0.1:{server.server_port}{path}"
