@@ -27,7 +27,7 @@ class JsonFormatter(logging.Formatter):
             if key not in _RESERVED and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
+            entry["exception"] = record.exc_text or secrecy.exception_text(record.exc_info)
         return secrecy.scrub(json.dumps(entry, default=str, ensure_ascii=False))
 
 

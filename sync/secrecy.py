@@ -15,6 +15,8 @@ import json
 import logging
 import re
 import threading
+import traceback
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, quote_plus, unquote, urlsplit
 
@@ -28,6 +30,7 @@ MIN_PATH_LENGTH: Final = 20  # a webhook URL's path is a token when long (Slack'
 
 _TOKEN_PARAM = re.compile(r"(api_token=)[^&\s\"'<>#]*", re.IGNORECASE)
 _lock = threading.Lock()
+_rendering = threading.Lock()
 _secrets: set[str] = set()
 _pattern: re.Pattern[str] | None = None
 
@@ -130,7 +133,38 @@ class ScrubbingFilter(logging.Filter):
             record.msg = clean
             record.args = None
         if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = exception_text(record.exc_info)
         if record.exc_text:
             record.exc_text = scrub(record.exc_text)
         return True
+
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+
+
+def exception_text(exc_info: ExcInfo) -> str:
+    """The traceback of ``exc_info`` as logging renders it, rendered by one thread at a time.
+
+    Python 3.11 marks where in a line an error happened by parsing the line with ``ast.parse``,
+    whose recursion counter all of a process's threads share: two threads rendering at once can
+    fail with ``SystemError: AST constructor recursion depth mismatch`` (CPython gh-106905), and
+    a rendering that fails inside a logging call loses the line or raises out of the call. Ours
+    take turns; one that fails all the same (beside another library's thread) is rendered
+    without the markers, last exception only."""
+    with _rendering:
+        try:
+            return logging.Formatter().formatException(exc_info)
+        except Exception:
+            return _plain(exc_info)
+
+
+def _plain(exc_info: ExcInfo) -> str:
+    """A traceback's frames and exception, with nothing that parses source."""
+    kind, error, tb = exc_info
+    lines = ["Traceback (most recent call last):\n"]
+    for frame in traceback.extract_tb(tb):
+        lines.append(f'  File "{frame.filename}", line {frame.lineno}, in {frame.name}\n')
+        if frame.line:
+            lines.append(f"    {frame.line.strip()}\n")
+    lines.extend(traceback.format_exception_only(kind, error))
+    return "".join(lines).rstrip("\n")
