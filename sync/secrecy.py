@@ -30,7 +30,7 @@ MIN_PATH_LENGTH: Final = 20  # a webhook URL's path is a token when long (Slack'
 
 _TOKEN_PARAM = re.compile(r"(api_token=)[^&\s\"'<>#]*", re.IGNORECASE)
 _lock = threading.Lock()
-_rendering = threading.Lock()
+_rendering = threading.RLock()  # re-entered should a collector's finalizer log while it renders
 _secrets: set[str] = set()
 _pattern: re.Pattern[str] | None = None
 
