@@ -131,8 +131,11 @@ class RecordIdentity:
         )
         self._partition = dataset.partition
 
-    def __call__(self, record: Mapping[str, Any]) -> Identified | None:
-        """The record's staged values, or None when a key field is empty."""
+    def __call__(
+        self, record: Mapping[str, Any], payload: dict[str, Any] | None = None
+    ) -> Identified | None:
+        """The record's staged values, or None when a key field is empty. ``payload``: the
+        record without Cloud's metadata fields, when the caller has it."""
         single = self._single
         if single is None:
             key = entity_key(record, self.dataset)
@@ -148,9 +151,8 @@ class RecordIdentity:
             partition = (value.strip() or None) if type(value) is str else _key_value(value)
         if partition is None:
             partition = start_url_host(start)
-        payload = dict(record)
-        for name in META_FIELDS:
-            payload.pop(name, None)
+        if payload is None:
+            payload = payload_of(record)
         try:
             canonical = orjson.dumps(payload, option=_ORJSON_CANONICAL)
         except orjson.JSONEncodeError:

@@ -41,19 +41,22 @@ def tally_record(
 
 
 def profile_record(
-    tally: PartitionTally,
+    tally: PartitionTally | None,
     record: Mapping[str, Any],
     rules: RecordRules,
     plain: PlainValues | None = None,
 ) -> tuple[str | None, bool]:
     """:func:`tally_record`'s shape, and whether every value of the record is ``plain``
-    (:meth:`PlainValues.holds`; False without ``plain``).
+    (:meth:`PlainValues.holds`; False without ``plain``). Without a ``tally`` nothing is
+    counted, and the first defect ends the look (the import keeps the shape alone).
 
     Every record of a run passes here: one pass over its fields serves the fill counts, the
     empty-shell check and the text columns' share of the plain check (a text is plain when it
     is empty or not blank, which the fill count tells)."""
-    tally.records += 1
-    filled = tally.filled
+    filled = None
+    if tally is not None:
+        tally.records += 1
+        filled = tally.filled
     identity = rules.identity_fields
     content = content_filled = False
     full: list[str] = []
@@ -73,19 +76,24 @@ def profile_record(
                 is_plain = False  # a text column's value that is not a string
         if has:
             full.append(name)
-            filled[name] = filled.get(name, 0) + 1
+            if filled is not None:
+                filled[name] = filled.get(name, 0) + 1
             if name not in identity:
                 content = content_filled = True
         else:
             if value and name not in typed:
                 is_plain = False  # blank text, which the casts read as NULL
             empty.append(name)
-            if name not in filled:
+            if filled is not None and name not in filled:
                 filled[name] = 0
             if name not in identity:
                 content = True
     if is_plain and typed:
         is_plain = plain is not None and plain.holds_typed(record)
+    if tally is None:
+        shell = content and not content_filled  # is_empty_shell, from the pass above
+        found = _shape_alone(record, rules, plain if is_plain else None, texts, full, empty, shell)
+        return found, is_plain
     clean = True
     for name in rules.required:
         if name not in full:  # missing, or empty
@@ -117,9 +125,48 @@ def profile_record(
         clean = False
     if not clean or unparsable:
         return None, is_plain
-    full.sort()  # in name order: the same record read in another key order has the same shape
-    empty.sort()
-    return orjson.dumps([full, empty]).decode(), is_plain
+    return _shape(full, empty), is_plain
+
+
+def _shape_alone(
+    record: Mapping[str, Any],
+    rules: RecordRules,
+    plain: PlainValues | None,
+    texts: list[str],
+    full: list[str],
+    empty: list[str],
+    shell: bool,
+) -> str | None:
+    """:func:`profile_record`'s shape without a tally: None at the first defect it would count
+    (``plain``: given when the record is plain; ``shell``: the record is an empty shell)."""
+    for name in rules.required:
+        if name not in full:
+            return None
+    for name, parser in rules.parsers.items():
+        if name in full and not PARSERS[parser](record[name]):
+            return None
+    for column in plain.unsettled(rules.casts) if plain is not None else rules.casts:
+        if cast(column, record.get(column.field))[1] is not None:
+            return None
+    if shell or (rules.consent_markers and _carries_marker(texts, rules.consent_markers)):
+        return None
+    return _shape(full, empty)
+
+
+_SHAPES: dict[tuple[str | None, ...], str] = {}  # field names in a record's order -> shape
+_SHAPES_KEPT = 4096  # shapes kept: records of a run share a few
+
+
+def _shape(full: list[str], empty: list[str]) -> str:
+    """The shape of a record that fills ``full`` and leaves ``empty``, in name order (the same
+    record read in another key order has the same shape); the text made once per field order."""
+    key = (*full, None, *empty)
+    found = _SHAPES.get(key)
+    if found is None:
+        found = orjson.dumps([sorted(full), sorted(empty)]).decode()
+        if len(_SHAPES) < _SHAPES_KEPT:
+            _SHAPES[key] = found
+    return found
 
 
 def add_shape(tally: PartitionTally, found: str, records: int) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 
 import orjson
 
-from sync.acceptance.facts import NO_PARTITION, PartitionTally, RecordRules
+from sync.acceptance.facts import RecordRules
 from sync.acceptance.records import profile_record
 from sync.casts import PlainValues
 from sync.cloud.download import InvalidRecord, KnownLines
-from sync.identity import META_FIELDS, Identified, RecordIdentity
+from sync.identity import Identified, RecordIdentity, payload_of
 from sync.ingest.line_digests import LineDigests
 from sync.ingest.staging import ObservationStager
 
@@ -149,16 +149,7 @@ class ExportRead:
     invalid: SetAside = field(default_factory=SetAside)
 
 
-def _stored(record: Mapping[str, Any]) -> dict[str, Any]:
-    """The record as its payload is stored: without Cloud's metadata fields."""
-    payload = dict(record)  # a copy less its metadata: a fraction of a comprehension's steps
-    for name in META_FIELDS:
-        payload.pop(name, None)
-    return payload
-
-
 def _shape(
-    scratch: PartitionTally,
     payload: dict[str, Any],
     rules: RecordRules,
     plain: PlainValues | None = None,
@@ -175,7 +166,7 @@ def _shape(
                 return None, False
         elif kind is int and not -(2**63) <= value < 2**64:
             return None, False
-    return profile_record(scratch, payload, rules, plain)
+    return profile_record(None, payload, rules, plain)
 
 
 def _set_aside(
@@ -232,11 +223,9 @@ def stage_export(
     quarter = max_record_bytes // 4
     # Records copied straight in, or merged while the export downloads, are stored with their
     # shape under the dataset's record rules (sync.runs.shapes): the evaluation then counts
-    # them instead of reading them back. The
-    # scratch tally's counts are not kept; the evaluation makes its own.
+    # them instead of reading them back (and makes its own tallies).
     rules = RecordRules.of(identify.dataset) if stager.takes_shapes else None
     prefix = rules.fingerprint + "|" if rules is not None else ""
-    scratch = PartitionTally(NO_PARTITION)
     plain = plain if stager.takes_plain else None
     plain_for = None if plain is None else plain.fingerprint
     for line, item in records:
@@ -250,7 +239,8 @@ def stage_export(
         if isinstance(item, InvalidRecord):
             invalid.add(item)
             continue
-        staged = identify(item)
+        payload = payload_of(item)  # one copy, for its identity and its shape
+        staged = identify(item, payload)
         if staged is None:
             missing += 1
             continue
@@ -267,7 +257,7 @@ def stage_export(
             continue
         shape, marked = None, False
         if rules is not None:
-            shape, marked = _shape(scratch, _stored(item), rules, plain)
+            shape, marked = _shape(payload, rules, plain)
         add(
             staged,
             lines.digest_of(line) if lines is not None else None,

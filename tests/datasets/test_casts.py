@@ -245,6 +245,35 @@ def test_a_record_found_plain_is_judged_as_if_every_value_were_cast(
     assert with_plain == cast_all
 
 
+@settings(max_examples=500, deadline=None)
+@given(
+    record=st.dictionaries(
+        st.sampled_from(["title", "sku", "retailer", "price", "stock", "ok", "seen"]),
+        st.one_of(_SCRAPED, st.sampled_from(["Accept all cookies", "WE USE COOKIES here"])),
+        max_size=7,
+    ),
+    checked=st.integers(min_value=0, max_value=len(_TYPED)),
+    required=st.sampled_from([(), ("sku",), ("sku", "price")]),
+    casts=st.sampled_from([_TYPED, ()]),
+)
+def test_the_imports_shape_alone_is_the_one_a_tally_finds(
+    record: dict[str, Any], checked: int, required: tuple[str, ...], casts: tuple[Column, ...]
+) -> None:
+    """The import keeps a record's shape without tallying it (and stops at its first defect):
+    the shape and the plain mark are those the evaluation's tally finds, defects and all."""
+    rules = RecordRules(
+        required=required,
+        parsers={"price": "number", "title": "url"},
+        consent_markers=("accept all cookies", "we use cookies"),
+        identity_fields=("sku", "retailer"),
+        casts=casts,
+    )
+    plain = PlainValues.of(_TYPED[:checked])
+    for given_plain in (plain, None):
+        alone = profile_record(None, record, rules, given_plain)
+        assert alone == profile_record(PartitionTally(NO_PARTITION), record, rules, given_plain)
+
+
 def _plain_values(columns: tuple[Column, ...]) -> PlainValues:
     plain = PlainValues.of(columns)
     assert plain is not None

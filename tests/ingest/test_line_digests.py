@@ -37,9 +37,9 @@ class CountingIdentity(RecordIdentity):
 
     parsed = 0
 
-    def __call__(self, record: Any) -> Identified | None:
+    def __call__(self, record: Any, payload: dict[str, Any] | None = None) -> Identified | None:
         self.parsed += 1
-        return super().__call__(record)
+        return super().__call__(record, payload)
 
 
 def line(sku: str, price: str, order: int = 1, **more: Any) -> bytes:
