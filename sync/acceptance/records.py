@@ -90,10 +90,26 @@ def profile_record(
                 content = True
     if is_plain and typed:
         is_plain = plain is not None and plain.holds_typed(record)
+    shell = content and not content_filled  # is_empty_shell, from the pass above
+    given = plain if is_plain else None
     if tally is None:
-        shell = content and not content_filled  # is_empty_shell, from the pass above
-        found = _shape_alone(record, rules, plain if is_plain else None, texts, full, empty, shell)
-        return found, is_plain
+        return _shape_alone(record, rules, given, texts, full, shell, empty), is_plain
+    clean = _count_defects(tally, record, rules, given, texts, full, shell)
+    return (_shape(full, empty) if clean else None), is_plain
+
+
+def _count_defects(
+    tally: PartitionTally,
+    record: Mapping[str, Any],
+    rules: RecordRules,
+    plain: PlainValues | None,
+    texts: list[str],
+    full: list[str],
+    shell: bool,
+) -> bool:
+    """Count a record's defects into its tally, with samples; whether it has none. ``plain``:
+    given when the record is plain; ``texts`` and ``full``: its texts and the fields it fills;
+    ``shell``: it is an empty shell (all from :func:`profile_record`'s pass)."""
     clean = True
     for name in rules.required:
         if name not in full:  # missing, or empty
@@ -106,8 +122,7 @@ def profile_record(
             tally.unparsable[name] = tally.unparsable.get(name, 0) + 1
             tally.note(f"unparsable:{name}", value)
     # a record found plain has its values' casts settled where its typed columns read them
-    casts = plain.unsettled(rules.casts) if is_plain and plain is not None else rules.casts
-    for column in casts:
+    for column in plain.unsettled(rules.casts) if plain is not None else rules.casts:
         if column.field in unparsable:  # one bad value counts once
             continue
         value = record.get(column.field)
@@ -120,12 +135,10 @@ def profile_record(
         title = record.get("title")
         tally.note("consent", title if is_filled(title) else dict(record))
         clean = False
-    elif content and not content_filled:  # is_empty_shell, from the pass above
+    elif shell:
         tally.empty_shells += 1
         clean = False
-    if not clean or unparsable:
-        return None, is_plain
-    return _shape(full, empty), is_plain
+    return clean and not unparsable
 
 
 def _shape_alone(
@@ -134,8 +147,8 @@ def _shape_alone(
     plain: PlainValues | None,
     texts: list[str],
     full: list[str],
-    empty: list[str],
     shell: bool,
+    empty: list[str],
 ) -> str | None:
     """:func:`profile_record`'s shape without a tally: None at the first defect it would count
     (``plain``: given when the record is plain; ``shell``: the record is an empty shell)."""
