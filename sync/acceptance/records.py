@@ -91,15 +91,13 @@ def profile_record(
     if is_plain and typed:
         is_plain = plain is not None and plain.holds_typed(record)
     shell = content and not content_filled  # is_empty_shell, from the pass above
-    given = plain if is_plain else None
-    if tally is None:
-        return _shape_alone(record, rules, given, texts, full, shell, empty), is_plain
-    clean = _count_defects(tally, record, rules, given, texts, full, shell)
-    return (_shape(full, empty) if clean else None), is_plain
+    if not _clean(tally, record, rules, plain if is_plain else None, texts, full, shell):
+        return None, is_plain
+    return _shape(full, empty), is_plain
 
 
-def _count_defects(
-    tally: PartitionTally,
+def _clean(
+    tally: PartitionTally | None,
     record: Mapping[str, Any],
     rules: RecordRules,
     plain: PlainValues | None,
@@ -107,17 +105,22 @@ def _count_defects(
     full: list[str],
     shell: bool,
 ) -> bool:
-    """Count a record's defects into its tally, with samples; whether it has none. ``plain``:
-    given when the record is plain; ``texts`` and ``full``: its texts and the fields it fills;
-    ``shell``: it is an empty shell (all from :func:`profile_record`'s pass)."""
+    """Whether a record has no defect. With a ``tally``, each defect is counted there, with
+    samples; without one, the first ends the look. ``plain``: given when the record is plain;
+    ``texts`` and ``full``: its texts and the fields it fills; ``shell``: it is an empty shell
+    (all from :func:`profile_record`'s pass)."""
     clean = True
     for name in rules.required:
         if name not in full:  # missing, or empty
+            if tally is None:
+                return False
             tally.missing[name] = tally.missing.get(name, 0) + 1
             clean = False
     unparsable: set[str] = set()
     for name, parser in rules.parsers.items():
         if name in full and not PARSERS[parser](value := record[name]):
+            if tally is None:
+                return False
             unparsable.add(name)
             tally.unparsable[name] = tally.unparsable.get(name, 0) + 1
             tally.note(f"unparsable:{name}", value)
@@ -127,43 +130,24 @@ def _count_defects(
             continue
         value = record.get(column.field)
         if cast(column, value)[1] is not None:
+            if tally is None:
+                return False
             clean = False
             tally.unparsable[column.field] = tally.unparsable.get(column.field, 0) + 1
             tally.note(f"unparsable:{column.field}", value)
     if rules.consent_markers and _carries_marker(texts, rules.consent_markers):
+        if tally is None:
+            return False
         tally.consent_pages += 1
         title = record.get("title")
         tally.note("consent", title if is_filled(title) else dict(record))
         clean = False
     elif shell:
+        if tally is None:
+            return False
         tally.empty_shells += 1
         clean = False
     return clean and not unparsable
-
-
-def _shape_alone(
-    record: Mapping[str, Any],
-    rules: RecordRules,
-    plain: PlainValues | None,
-    texts: list[str],
-    full: list[str],
-    shell: bool,
-    empty: list[str],
-) -> str | None:
-    """:func:`profile_record`'s shape without a tally: None at the first defect it would count
-    (``plain``: given when the record is plain; ``shell``: the record is an empty shell)."""
-    for name in rules.required:
-        if name not in full:
-            return None
-    for name, parser in rules.parsers.items():
-        if name in full and not PARSERS[parser](record[name]):
-            return None
-    for column in plain.unsettled(rules.casts) if plain is not None else rules.casts:
-        if cast(column, record.get(column.field))[1] is not None:
-            return None
-    if shell or (rules.consent_markers and _carries_marker(texts, rules.consent_markers)):
-        return None
-    return _shape(full, empty)
 
 
 _SHAPES: dict[tuple[str | None, ...], str] = {}  # field names in a record's order -> shape
