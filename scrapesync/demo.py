@@ -4,8 +4,9 @@ One process plays every part (the stage, :mod:`scrapesync.demo_stage`): the simu
 the web process on loopback sockets, a worker (RQ on the Redis that ``REDIS_URL`` names if it
 answers, else an in-process queue), and a receiver for the outbox's signed POSTs. The demo
 launches a run, lets Cloud scrape and notify twice, and waits until the records are synced, the
-run accepted and published, and the announcement delivered; then it shows that a reconcile finds
-nothing left to do, prints the status table and writes the published export. Everything lives
+run accepted and published, and the announcement delivered; then it shows that a reconcile and
+the workers' maintenance pass find nothing left to do, prints the status table and writes the
+published export. Everything lives
 in one folder (SQLite, export, JSON logs). It supplies its own tokens, so no Cloud account or
 variable is needed.
 """
@@ -24,7 +25,7 @@ from scrapesync.demo_stage import InProcessQueue, Stage, set_stage
 from sync import bootstrap, logs
 from sync.datasets import export
 from sync.models import Observation, Run
-from sync.operations import reconcile, status, status_text
+from sync.operations import maintenance, reconcile, status, status_text
 from sync.runs import launch
 from sync.states import RunState
 
@@ -247,7 +248,8 @@ def _announce(flow: _Flow) -> None:
 
 
 def _reconcile_twice(flow: _Flow) -> None:
-    """Step 6: a reconcile finds nothing lost, and a second pass has nothing to do."""
+    """Step 6: a reconcile finds nothing lost, and a second pass has nothing to do; then the
+    maintenance pass every worker runs on its timer finds nothing due either."""
     services = flow.stage.services
     report = reconcile.reconcile(services)
     flow.settle("the reconcile's work", flow.stage.quiet)
@@ -256,6 +258,15 @@ def _reconcile_twice(flow: _Flow) -> None:
         f"6. reconcile asked Cloud: {report.listed} job listed, {report.unchanged} unchanged, "
         f"{len(report.wanted)} syncs wanted, {len(report.runs_evaluated)} runs evaluated; "
         f"a second pass: {'nothing to do' if not again.did_anything else again.summary_line()}"
+    )
+    swept = maintenance.run_pass(services)
+    if swept.failed:
+        raise DemoError(f"the maintenance pass failed at: {', '.join(swept.failed)}")
+    flow.settle("the maintenance pass's work", flow.stage.quiet)
+    queued = swept.counts.get("enqueued", 0) + swept.counts.get("evaluations", 0)
+    flow.echo(
+        f"7. a maintenance pass (every worker's timer): {swept.counts.get('due', 0)} syncs due, "
+        f"{queued} jobs queued, {swept.counts.get('deliveries_due', 0)} deliveries due"
     )
 
 

@@ -73,7 +73,8 @@ def _check_export(folder: Path) -> None:
 
 def test_the_demo_runs_the_whole_flow_without_any_configuration(tmp_path: Path) -> None:
     """No variables, no Redis: in-process queue, 300 records synced, accepted, published,
-    announced with valid signatures, nothing left for a reconcile, and the export written."""
+    announced with valid signatures, nothing left for a reconcile or a maintenance pass, and the
+    export written."""
     done, folder = _demo(tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
@@ -83,6 +84,9 @@ def test_the_demo_runs_the_whole_flow_without_any_configuration(tmp_path: Path) 
     assert "accepted and published" in out
     assert "(run.accepted, dataset.published, dataset.changed); signatures valid" in out
     assert "a second pass: nothing to do" in out
+    # the pass every worker runs on its timer finds nothing left, and the status shows it ran
+    assert "7. a maintenance pass (every worker's timer): 0 syncs due, 0 jobs queued" in out
+    assert "maintenance: last pass 0 s ago" in out
     run_line = next(line for line in out.splitlines() if line.startswith("products-"))
     assert run_line.split()[1:] == ["published", "300", "300", "100%", "0", "0", "yes"]
     assert f"export:   {folder / 'exports'}" in out
