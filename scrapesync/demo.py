@@ -1,14 +1,13 @@
 """``scrapesync demo``: the whole flow once, on one machine, with nothing but Python.
 
-One process plays every part (the stage, :mod:`scrapesync.demo_stage`): the simulated Cloud and
-the web process on loopback sockets, a worker (RQ on the Redis that ``REDIS_URL`` names if it
-answers, else an in-process queue), and a receiver for the outbox's signed POSTs. The demo
-launches a run, lets Cloud scrape and notify twice, and waits until the records are synced, the
-run accepted and published, and the announcement delivered; then it shows that a reconcile and
-the workers' maintenance pass find nothing left to do, prints the status table and writes the
-published export. Everything lives
-in one folder (SQLite, export, JSON logs). It supplies its own tokens, so no Cloud account or
-variable is needed.
+One process plays every part (the stage, :mod:`scrapesync.demo_stage`): the simulated Cloud and the
+web process on loopback sockets, a worker (RQ on the Redis that ``REDIS_URL`` names if it answers,
+else an in-process queue), and a receiver for the outbox's signed POSTs. The demo launches a run,
+lets Cloud scrape and notify twice, and waits until the records are synced, the run accepted and
+published, and the announcement delivered; then it shows that a reconcile and the workers'
+maintenance pass find nothing left to do, prints the status table and writes the published export.
+Everything lives in one folder (SQLite, export, JSON logs). It supplies its own tokens, so no Cloud
+account or variable is needed.
 """
 
 from __future__ import annotations
