@@ -189,6 +189,7 @@ def _run(
     _sync_and_publish(flow, run_id, records)
     _announce(flow)
     _reconcile_twice(flow)
+    _maintain(flow)
     _export_and_show(flow, folder, run_id)
     if isinstance(stage.dispatcher, InProcessQueue) and stage.dispatcher.failures:
         raise DemoError(f"worker jobs failed: {', '.join(stage.dispatcher.failures)}")
@@ -247,8 +248,7 @@ def _announce(flow: _Flow) -> None:
 
 
 def _reconcile_twice(flow: _Flow) -> None:
-    """Step 6: a reconcile finds nothing lost, and a second pass has nothing to do; then the
-    maintenance pass every worker runs on its timer finds nothing due either."""
+    """Step 6: a reconcile finds nothing lost, and a second pass has nothing to do."""
     services = flow.stage.services
     report = reconcile.reconcile(services)
     flow.settle("the reconcile's work", flow.stage.quiet)
@@ -258,7 +258,12 @@ def _reconcile_twice(flow: _Flow) -> None:
         f"{len(report.wanted)} syncs wanted, {len(report.runs_evaluated)} runs evaluated; "
         f"a second pass: {'nothing to do' if not again.did_anything else again.summary_line()}"
     )
-    swept = maintenance.run_pass(services)
+
+
+def _maintain(flow: _Flow) -> None:
+    """Step 7: the maintenance pass every worker runs on its timer finds nothing due either (and
+    the status shows that it ran)."""
+    swept = maintenance.run_pass(flow.stage.services)
     if swept.failed:
         raise DemoError(f"the maintenance pass failed at: {', '.join(swept.failed)}")
     flow.settle("the maintenance pass's work", flow.stage.quiet)
