@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,15 +49,31 @@ class DemoResult:
     queries: list[tuple[str, int]] = field(default_factory=list)  # each SQL shown, rows found
 
 
-def _log_to(path: Path) -> logging.Handler:
-    """Send scrapesync's JSON log lines to a file instead of the demo's own output."""
+_LOGGERS = ("scrapesync", "rq")  # the trees whose JSON lines the demo keeps in its log file
+
+
+@contextmanager
+def _logs_to(path: Path) -> Iterator[None]:
+    """Send scrapesync's and RQ's JSON log lines to a file instead of the demo's own output:
+    the handlers the command set up (standard error) stand aside until the demo ends."""
     handler = logging.FileHandler(path, encoding="utf-8")
     handler.setFormatter(logs.JsonFormatter())
-    root = logging.getLogger("scrapesync")
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
-    root.propagate = False
-    return handler
+    kept = {}
+    for name in _LOGGERS:
+        logger = logging.getLogger(name)
+        kept[name] = (logger.handlers[:], logger.level, logger.propagate)
+        logger.handlers = [handler]
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    try:
+        yield
+    finally:
+        for name, (handlers, level, propagate) in kept.items():
+            logger = logging.getLogger(name)
+            logger.handlers = handlers
+            logger.setLevel(level)
+            logger.propagate = propagate
+        handler.close()
 
 
 def run_demo(
@@ -72,20 +89,18 @@ def run_demo(
         folder = Path("var") / f"demo-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     folder.mkdir(parents=True, exist_ok=True)
     result = DemoResult(folder=folder)
-    handler = _log_to(folder / "scrapesync.log")
     cleanup: list[Callable[[], None]] = []
-    try:
-        _run(folder, records, echo, timeout, result, cleanup)
-    except DemoError as exc:
-        result.problem = str(exc)
-    finally:
-        for step in reversed(cleanup):
-            try:
-                step()
-            except Exception:  # tearing down: keep going, the process ends anyway
-                log.warning("demo.cleanup_failed", exc_info=True)
-        logging.getLogger("scrapesync").removeHandler(handler)
-        handler.close()
+    with _logs_to(folder / "scrapesync.log"):
+        try:
+            _run(folder, records, echo, timeout, result, cleanup)
+        except DemoError as exc:
+            result.problem = str(exc)
+        finally:
+            for step in reversed(cleanup):
+                try:
+                    step()
+                except Exception:  # tearing down: keep going, the process ends anyway
+                    log.warning("demo.cleanup_failed", exc_info=True)
     if result.ok:
         echo(f"demo finished in {time.monotonic() - started:.1f} s")
     return result

@@ -97,7 +97,15 @@ def test_the_demo_runs_the_whole_flow_without_any_configuration(tmp_path: Path) 
     assert "attempt.committed" in events
     assert events.count("delivery.delivered") == 3  # accepted, published, changed
     assert "api_token=" not in "".join(log_lines)
+    _check_quiet(done)
     _check_queries(out, folder)
+
+
+def _check_quiet(done: subprocess.CompletedProcess[str]) -> None:
+    """The demo's JSON log lines go to its log file alone: its output is its steps and results,
+    and nothing comes on standard error."""
+    assert '{"ts"' not in done.stdout, done.stdout
+    assert done.stderr == "", done.stderr
 
 
 def _check_queries(out: str, folder: Path) -> None:
@@ -122,4 +130,5 @@ def test_the_demo_uses_redis_when_redis_url_answers(tmp_path: Path) -> None:
     done, folder = _demo(tmp_path, REDIS_URL=REDIS_URL)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"RQ on {REDIS_URL} (queue scrapesync-demo-" in done.stdout
+    _check_quiet(done)
     _check_export(folder)
