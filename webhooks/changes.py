@@ -36,13 +36,16 @@ def changes_json() -> Any:
         return refusal
     services = services_of(current_app)
     name = request.args.get("dataset", "")
+    if not name:
+        known = ", ".join(sorted(services.datasets.by_name)) or "none"
+        return _bad_request(f"name the dataset: /api/changes?dataset=NAME (known: {known})")
     limit_text = request.args.get("limit", str(DEFAULT_LIMIT))
     if not limit_text.isdigit() or int(limit_text) < 1:
         return _bad_request("limit must be a whole number of at least 1")
     try:
         dataset = services.datasets.get(name)
     except DatasetsFileError as exc:
-        return _bad_request(str(exc), 404 if name else 400)
+        return _bad_request(str(exc), 404)
     try:
         with services.uow.begin() as session:
             page = diff.change_page(

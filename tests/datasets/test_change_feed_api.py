@@ -136,7 +136,8 @@ def test_a_small_change_set_still_travels_inline_in_its_one_event(
 def test_the_changes_api_wants_the_token_and_names_what_it_cannot_find(
     services: Services, cloud: CloudState
 ) -> None:
-    """No token: 401. An unknown dataset or run: 404 naming it. A bad limit: 400."""
+    """No token: 401. An unknown dataset or run: 404 naming it. No dataset named, or a bad
+    limit: 400, saying what to send."""
     deployed, web = _deployment(services, max_changes=1000)
     collect(web, deployed, cloud, product_records(5))
     client = web.test_client()
@@ -145,6 +146,11 @@ def test_the_changes_api_wants_the_token_and_names_what_it_cannot_find(
     unknown = client.get("/api/changes?dataset=nope", headers=auth)
     assert unknown.status_code == 404
     assert "unknown dataset 'nope'" in unknown.get_json()["detail"]
+    unnamed = client.get("/api/changes?run=products-1999", headers=auth)
+    assert unnamed.status_code == 400
+    assert unnamed.get_json()["detail"] == (
+        "name the dataset: /api/changes?dataset=NAME (known: products)"
+    )
     no_run = client.get("/api/changes?dataset=products&run=products-1999", headers=auth)
     assert no_run.status_code == 404
     assert "products-1999" in no_run.get_json()["detail"]
