@@ -60,7 +60,9 @@ def test_launch_creates_the_run_and_one_job_that_carries_the_run_id(
     result = CliRunner().invoke(main, ["launch", "products", "--window", WINDOW])
     assert result.exit_code == 0, result.output
     (job_id,) = _jobs_for(cloud, RUN_ID)
-    assert f"run {RUN_ID}: Cloud job {job_id} (created" in result.output
+    assert f"run {RUN_ID}: Cloud job {job_id} (created)\n" in result.output
+    again = CliRunner().invoke(main, ["launch", "products", "--window", WINDOW])
+    assert f"run {RUN_ID}: Cloud job {job_id} (created: already launched)\n" in again.output
     assert cloud.job(job_id).sitemap_id == products_sitemap(cloud)
     row = _launch_row(services)
     assert (row.run_id, row.kind, row.state, row.job_id) == (RUN_ID, "launch", "created", job_id)
