@@ -5,15 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 
-def changes_text(changes: dict[str, Any] | None) -> str:
-    """A publication's change counts in words: ``3 added, 2 removed, 4 changed since R``."""
+def changes_text(changes: dict[str, Any] | None, run_id: str) -> str:
+    """A publication of ``run_id``: its change counts in words, ``3 added, 2 removed, 4 changed
+    since R`` (``since its last publication`` when it published the same run again, as after
+    Cloud's "Continue")."""
     if changes is None:
         return "change counts not kept"
     if changes["baseline"]:
         return f"first publication, a baseline of {changes['added']} entities"
     counts = f"{changes['added']} added, {changes['removed']} removed, {changes['changed']} changed"
     previous = changes["previous_run_id"]
-    return f"{counts} since {previous}" if previous else counts
+    if not previous:
+        return counts
+    return f"{counts} since {'its last publication' if previous == run_id else previous}"
 
 
 def duration(seconds: float | None) -> str:
@@ -36,7 +40,8 @@ def format_table(values: dict[str, Any]) -> str:
         lines.append("")
     for p in values["publications"]:
         state = "published" if p["current"] else "withdrawn"
-        lines.append(f"{p['dataset']}: {state} {p['run_id']} ({changes_text(p['changes'])})")
+        said = changes_text(p["changes"], p["run_id"])
+        lines.append(f"{p['dataset']}: {state} {p['run_id']} ({said})")
     for r in values.get("baseline_resets") or []:
         lines.append(
             f"{r['dataset']}: baseline reset by the {r['decided_by']} at {r['decided_at']} "

@@ -100,6 +100,33 @@ def test_a_baseline_and_a_withdrawal_read_as_such(
     )
 
 
+def test_a_run_published_again_counts_since_its_last_publication(
+    services: Services, engine: Engine, datasets: Datasets
+) -> None:
+    """Cloud's "Continue" publishes the same run again: the table and the page say its counts
+    are since its last publication, not since a run that reads like another one."""
+    tables = create_tables(engine, services.settings.data_schema)
+    try:
+        products = PublishedProducts(services.uow, tables)
+        products.run(A, "2026-12-01")
+        products.publication(A, feed(datasets, None, A), current=False)
+        again = dataclasses.replace(feed(datasets, B, A), previous_run_id=A)
+        products.publication(A, again, current=True)
+        table = CliRunner().invoke(main, ["status"])
+        settings = dataclasses.replace(services.settings, status_token=STATUS_TOKEN)
+        client = create_app(dataclasses.replace(services, settings=settings)).test_client()
+        page = client.get("/status", headers={"Authorization": f"Bearer {STATUS_TOKEN}"})
+    finally:
+        drop_tables(engine, services.settings.data_schema)
+    counts = f"{len(again.added)} added, {len(again.removed)} removed, {len(again.changed)} changed"
+    assert f"products: published {A} ({counts} since its last publication)" in (
+        table.output.splitlines()
+    )
+    row = page.get_data(as_text=True).split('<tr class="publication" data-dataset="products">')[1]
+    cells = [c.split(">", 1)[1].split("<", 1)[0] for c in row.split("</tr>")[0].split("<td")[1:]]
+    assert cells[-1] == "its last publication"
+
+
 def test_the_status_page_and_api_runs_carry_the_counts(
     two: PublishedProducts, services: Services
 ) -> None:
