@@ -106,7 +106,9 @@ def parse_channel(where: str, raw: Any, known: frozenset[str]) -> AlertChannel:
         raise AlertsConfigError(f"{where} must be a table")
     kind = raw.get("kind")
     if kind not in ALERT_KINDS:
-        raise AlertsConfigError(f"{where}.kind must be one of {ALERT_KINDS}, got {kind!r}")
+        raise AlertsConfigError(
+            f"{where}.kind must be one of {', '.join(ALERT_KINDS)}, got {kind!r}"
+        )
     unknown = set(raw) - _KEYS[kind]
     if unknown:
         raise AlertsConfigError(f"{where} (kind {kind!r}) has unknown keys {sorted(unknown)}")

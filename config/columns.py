@@ -157,13 +157,16 @@ def parse_columns(where: str, raw: Any) -> tuple[Column, ...]:
             raise ColumnsError(f"{here} has unknown keys {sorted(unknown)}")
         kind = spec.get("type", "text")
         if kind not in TYPES:
-            raise ColumnsError(f"{here}: type must be one of {TYPES}, got {kind!r}")
+            raise ColumnsError(f"{here}: type must be one of {', '.join(TYPES)}, got {kind!r}")
         field = spec.get("field", name)
         if not isinstance(field, str) or not field:
             raise ColumnsError(f"{here}.field must name a record field")
         decimal = spec.get("decimal", ".")
         if decimal not in DECIMAL_MARKS:
-            raise ColumnsError(f"{here}.decimal must be one of {DECIMAL_MARKS}, got {decimal!r}")
+            raise ColumnsError(
+                f"{here}.decimal must be one of {', '.join(map(repr, DECIMAL_MARKS))}, "
+                f"got {decimal!r}"
+            )
         if "decimal" in spec and kind not in NUMERIC_TYPES:
             raise ColumnsError(f"{here}.decimal applies to integer and numeric columns only")
         if field in fields:

@@ -191,11 +191,11 @@ class Datasets:
 
 
 def _strings(where: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str):
+    if isinstance(value, str) and value:
         return (value,)
     if isinstance(value, list) and all(isinstance(v, str) and v for v in value):
         return tuple(value)
-    raise DatasetsFileError(f"{where} must be a string or a list of strings")
+    raise DatasetsFileError(f"{where} must be a string or a list of strings, none empty")
 
 
 def _quality(where: str, raw: Any) -> Quality:
@@ -213,7 +213,9 @@ def _quality(where: str, raw: Any) -> Quality:
             values[key] = tuple(m.lower() for m in _strings(f"{where}.{key}", value))
         elif key == "parsers":
             if not isinstance(value, dict) or any(p not in PARSERS for p in value.values()):
-                raise DatasetsFileError(f"{where}.parsers maps fields to one of {PARSERS}")
+                raise DatasetsFileError(
+                    f"{where}.parsers maps fields to one of {', '.join(PARSERS)}"
+                )
             values[key] = dict(value)
         elif key in ("use_cloud_quality", "fail_on_missing_fields"):
             if not isinstance(value, bool):
@@ -343,12 +345,16 @@ def _sitemap_id(where: str, sitemap_id: Any) -> int | None:
 
 def _choice(where: str, value: Any, options: tuple[str, ...]) -> str:
     if value not in options:
-        raise DatasetsFileError(f"{where} must be one of {options}, got {value!r}")
+        raise DatasetsFileError(f"{where} must be one of {', '.join(options)}, got {value!r}")
     return str(value)
 
 
 def _entity_key(where: str, raw: Any) -> tuple[str, ...]:
     entity_key = _strings(f"{where}.entity_key", raw)
+    if not entity_key:
+        raise DatasetsFileError(
+            f"{where}.entity_key names no field (the fields that identify a record)"
+        )
     if any(k.startswith("web-scraper-") for k in entity_key):
         raise DatasetsFileError(
             f"{where}.entity_key must use business fields: Cloud's web-scraper-* fields change "

@@ -70,7 +70,7 @@ def alert_rows(services: Services) -> list[Alert]:
 @pytest.mark.parametrize(
     ("entry", "message"),
     [
-        ('kind = "pager"', "kind must be one of ('slack', 'webhook', 'email'), got 'pager'"),
+        ('kind = "pager"', "kind must be one of slack, webhook, email, got 'pager'"),
         ('kind = "slack"', "needs url_env, the name of the environment variable"),
         ('kind = "slack"\nurl = "https://hooks.example/x"', "unknown keys ['url']"),
         ('kind = "webhook"\nurl = "https://ops.example/h"', "needs secret_env"),

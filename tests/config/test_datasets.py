@@ -79,7 +79,15 @@ def test_a_dataset_is_found_by_its_sitemap_name_or_id() -> None:
         ('[datasets.x]\nsitemap = "s"\n', "needs entity_key"),
         ('[datasets.x]\nentity_key = ["sku"]\n', "needs sitemap"),
         ('[datasets.x]\nsitemap = "s"\nentity_key = ["web-scraper-order"]\n', "business fields"),
-        ('[datasets.x]\nsitemap = "s"\nentity_key = "k"\nwindow = "hourly"\n', "window"),
+        (
+            '[datasets.x]\nsitemap = "s"\nentity_key = "k"\nwindow = "hourly"\n',
+            r"window must be one of daily, weekly, job, got 'hourly'",
+        ),
+        # no key would give every record one entity: the dataset would hold one row
+        ('[datasets.x]\nsitemap = "s"\nentity_key = []\n', r"entity_key names no field"),
+        ('[datasets.x]\nsitemap = "s"\nentity_key = ""\n', r"entity_key must be .*none empty"),
+        ('[datasets.x]\nsitemap = "s"\nentity_key = ["sku", ""]\n', r"entity_key must be"),
+        ('[datasets.x]\nsitemap = "s"\nentity_key = "k"\nrequired = [""]\n', r"required must"),
         ('[datasets.x]\nsitemap = "s"\nentity_key = "k"\ncolour = 1\n', "unknown keys"),
         (
             '[datasets.x]\nsitemap = "s"\nentity_key = "k"\n'
