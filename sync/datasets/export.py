@@ -178,10 +178,13 @@ def _exported_run(session: Session, dataset: str, run_id: str | None) -> _Target
 
 
 def _paths(out: Path, stem: str, fmt: str) -> tuple[Path, Path]:
-    """The export's file and its manifest: versioned names in a folder, or beside a named file."""
+    """The export's file and its manifest: versioned names in a folder, or beside a named file.
+    A CSV file's manifest says so in its name (``….csv.manifest.json``), so that the CSV of a
+    run written where its JSON Lines are (a file destination's folder) never replaces theirs."""
+    manifest = f"{'.csv' if fmt == 'csv' else ''}.manifest.json"
     if out.is_dir() or not out.suffix:
-        return out / f"{stem}.{fmt}", out / f"{stem}.manifest.json"
-    return out, out.with_name(f"{out.stem}.manifest.json")
+        return out / f"{stem}.{fmt}", out / f"{stem}{manifest}"
+    return out, out.with_name(f"{out.stem}{manifest}")
 
 
 class _Rows:

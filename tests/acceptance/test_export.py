@@ -84,13 +84,33 @@ def test_csv_exports_the_same_records_with_a_header(
     assert len(rows) == 30
     assert all(row["entity_key"] == row["sku"] for row in rows)
     assert rows[0] == {"entity_key": rows[0]["sku"], **product_records(30)[0]}
-    csv_manifest = json.loads((tmp_path / "out.manifest.json").read_text())
+    csv_manifest = json.loads((tmp_path / "out.csv.manifest.json").read_text())
+    assert csv_manifest["file"] == "out.csv"
     assert CliRunner().invoke(main, ["export", "products", "--out", str(tmp_path)]).exit_code == 0
     jsonl_manifest = next(
-        json.loads(p.read_text()) for p in tmp_path.glob("products.*.manifest.json")
+        json.loads(p.read_text()) for p in tmp_path.glob("products.*.r1.manifest.json")
     )
     assert csv_manifest["records_sha256"] == jsonl_manifest["records_sha256"]
     assert csv_manifest["sha256"] != jsonl_manifest["sha256"]
+
+
+def test_both_formats_in_one_folder_keep_a_manifest_each(
+    web: Flask, services: Services, cloud: CloudState, tmp_path: Path
+) -> None:
+    """The CSV of a run written where its JSON Lines are (a file destination's folder) leaves
+    their manifest as it was: each file keeps the manifest that names and hashes it."""
+    accepted(web, services, cloud)
+    for fmt in ("jsonl", "csv"):
+        result = CliRunner().invoke(
+            main, ["export", "products", "--format", fmt, "--out", str(tmp_path)]
+        )
+        assert result.exit_code == 0, result.output
+    manifests = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("*.manifest.json")}
+    assert len(manifests) == 2
+    for manifest in manifests.values():
+        data = (tmp_path / manifest["file"]).read_bytes()
+        assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
+    assert sorted(m["format"] for m in manifests.values()) == ["csv", "jsonl"]
 
 
 def test_nothing_published_or_a_rejected_run_is_refused_with_the_reason(
@@ -153,7 +173,7 @@ def test_exports_carry_the_typed_columns_with_cast_values(
         first["retailer"],
     ]
     assert by_key[second["sku"]][3] == ""
-    manifest = json.loads((tmp_path / "p.manifest.json").read_text())
+    manifest = json.loads((tmp_path / "p.csv.manifest.json").read_text())
     assert manifest["cast_failures"] == {"price": 1}
     assert [c["name"] for c in manifest["columns"]] == ["sku", "title", "price", "shop"]
     assert manifest["columns"][3] == {"name": "shop", "field": "retailer", "type": "text"}
