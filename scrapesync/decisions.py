@@ -32,7 +32,9 @@ def _decide(run_id: str, action: str, reason: str | None, as_json: bool) -> None
         if done.changed
         else f"run {run_id}: already {verb} by the operator"
     )
-    echo(f"{head} ({done.reason or 'no reason given'}); now {done.state}")
+    # with a note, the decision has not applied yet: the state is the one it had before
+    standing = f"still {done.state} for now" if done.note else f"now {done.state}"
+    echo(f"{head} ({done.reason or 'no reason given'}); {standing}")
     if done.note:
         echo(f"note: {done.note}")
 

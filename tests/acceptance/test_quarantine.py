@@ -73,6 +73,9 @@ def test_an_evaluation_that_raises_every_time_quarantines_the_run_after_n_tries(
     # and the sweep does not start again; a cancel settles it
     result = CliRunner().invoke(main, ["accept", RUN_ID, "--reason", "looks fine"])
     assert result.exit_code == 0, result.output
+    assert f"run {RUN_ID}: accepted by the operator (looks fine); still quarantined for now" in (
+        result.output
+    )
     assert "still fails" in result.output
     assert verdict(services, RUN_ID).state == "quarantined"
     with services.uow.begin() as session:
