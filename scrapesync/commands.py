@@ -19,7 +19,6 @@ from sync.states import AttemptOutcome, ClaimOutcome, LaunchState, RunState, Tas
 
 if TYPE_CHECKING:
     from sync.runs.check import Rejudgement
-    from sync.runs.launch import LaunchOutcome
 
 
 def _settings() -> Settings:
@@ -167,17 +166,9 @@ def launch_command(
         echo_json(outcome.as_dict())
     else:
         job = f"Cloud job {outcome.job_id}" if outcome.job_id is not None else "no Cloud job yet"
-        echo(f"run {outcome.run_id}: {job} ({_launch_said(outcome)})")
+        echo(f"run {outcome.run_id}: {job} ({outcome.said()})")
     if outcome.state != LaunchState.CREATED:
         sys.exit(1)
-
-
-def _launch_said(outcome: LaunchOutcome) -> str:
-    """A launch's state, and what happened when that says more (``created``, not
-    ``created: created``)."""
-    if outcome.message == outcome.state:
-        return str(outcome.state)
-    return f"{outcome.state}: {outcome.message}"
 
 
 @click.command("reconcile")
@@ -255,7 +246,7 @@ def rerun_command(
         job = f"Cloud job {outcome.job_id}" if outcome.job_id is not None else "no Cloud job yet"
         echo(
             f"run {outcome.run_id}: recovery batch {outcome.batch_id} with "
-            f"{len(outcome.start_urls)} start URLs: {job} ({_launch_said(outcome)})"
+            f"{len(outcome.start_urls)} start URLs: {job} ({outcome.said()})"
         )
     if outcome.state != LaunchState.CREATED:
         sys.exit(1)

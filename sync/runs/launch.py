@@ -83,6 +83,11 @@ class LaunchOutcome:
             "message": self.message,
         }
 
+    def said(self) -> str:
+        """The state, and what happened when that says more (``created``, not ``created:
+        created``; ``created: already launched``)."""
+        return self.state if self.message == self.state else f"{self.state}: {self.message}"
+
 
 def check_custom_id(value: str) -> str:
     """``value`` if Cloud can carry it as a custom_id (letters, digits, ``._~-``), else an error."""
