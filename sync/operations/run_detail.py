@@ -14,6 +14,7 @@ from sync.bootstrap import Services
 from sync.models import OperatorDecision, OutboxEvent, PartitionVerdict, Run
 from sync.operations.reasons import reason_detail
 from sync.runs import publication, verdict_rows
+from sync.states import RunState
 
 
 def run_detail(services: Services, run_id: str) -> dict[str, Any] | None:
@@ -73,13 +74,20 @@ def run_detail(services: Services, run_id: str) -> dict[str, Any] | None:
         }
 
 
+def _standing(values: dict[str, Any]) -> str:
+    """Whether readers get the run: the dataset's published run, or one a later run replaced."""
+    if values["published"]:
+        return " (the dataset's published run)"
+    if values["state"] == RunState.PUBLISHED:
+        return " (previously published: a later run replaced it)"
+    return ""
+
+
 def detail_text(values: dict[str, Any]) -> str:
     """The detail view as the plain text ``scrapesync status RUN`` prints."""
     lines = [
         f"run {values['run_id']} ({values['dataset']}, window {values['window']})",
-        f"state: {values['state']}"
-        + (" (published)" if values["published"] else "")
-        + f", revision {values['revision']}",
+        f"state: {values['state']}{_standing(values)}, revision {values['revision']}",
     ]
     if values["decided_by"] == "operator":
         lines.append(
