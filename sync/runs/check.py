@@ -10,6 +10,7 @@ from sqlalchemy import text
 
 from config.datasets import Datasets
 from sync.acceptance.facts import ACCEPTED, CANDIDATE
+from sync.acceptance.history import baseline_of
 from sync.acceptance.verdict import judge, waiting_for_tasks
 from sync.bootstrap import Services
 from sync.models import Run
@@ -89,7 +90,8 @@ def rejudge(
         dataset = chosen.get(run.dataset)
         history = evidence.accepted_history(session, run, limit=dataset.quality.baseline_runs)
         waiting = waiting_for_tasks(evidence.pending_tasks(session, run_id))
-        if waiting is not None:
+        if waiting is not None:  # not judged yet, but held against the same baseline then
+            baseline = baseline_of(history, dataset.quality)
             return Rejudgement(
                 run_id=run.run_id,
                 dataset=run.dataset,
@@ -98,7 +100,7 @@ def rejudge(
                 checks=[],
                 reasons=[waiting.as_dict()],
                 partitions=[],
-                baseline_runs=[],
+                baseline_runs=list(baseline.run_ids) if baseline is not None else [],
                 history_runs=len(history),
                 min_history=dataset.quality.min_history,
                 profile=None,

@@ -22,6 +22,7 @@ from tests.acceptance.flow import (
     RETAILERS,
     collect,
     history_datasets,
+    notify,
     product_records,
     three_accepted_runs,
     use_datasets,
@@ -161,6 +162,26 @@ def test_a_run_before_its_history_is_judged_by_the_fixed_rules_and_says_so(
         "baseline: none (0 accepted run(s) before this one; the history rules wait for 3)"
     )
     assert "record_drop" not in result.output
+
+
+@pytest.mark.slow
+def test_a_run_waiting_for_a_sync_names_the_baseline_it_will_be_held_against(
+    web: Flask, services: Services, cloud: CloudState, rejected: tuple[str, list[str]]
+) -> None:
+    """Cloud's "Continue" of the rejected run's job, notified and not synced yet: check says
+    the run waits for that sync, and names the same baseline its verdict was held against (it
+    said "none" and that the history rules wait, as if the dataset had no history)."""
+    run_id, accepted = rejected
+    job_id = int(run_id.removeprefix("products-job-"))
+    cloud.continue_job(job_id, product_records(20, start=9000))
+    cloud.finish_job(job_id)
+    notify(web, job_id)
+    result = CliRunner().invoke(main, ["check", run_id])
+    lines = result.output.splitlines()
+    assert lines[0].endswith(": would stay candidate"), result.output
+    baseline = ", ".join(reversed(accepted))
+    assert lines[1] == f"baseline: the median of 3 accepted run(s): {baseline}"
+    assert any("tasks_not_committed" in line for line in lines)
 
 
 STATUS_TOKEN = "status-token-for-history"
