@@ -423,6 +423,7 @@ def _cancel(
         return Evaluation(run.run_id, EvaluationOutcome.UNCHANGED, run.state, run.revision)
     run.state = RunState.CANCELLED
     run.reasons = [cancelled_reason(run.decision_reason, run.decided_at).as_dict()]
+    run.diagnosis = None  # a rejection's next steps (accept, rerun) no longer apply to it
     run.revision += 1
     payload = {
         **verdict_rows.decided_by(run),

@@ -228,6 +228,26 @@ def test_reject_withdraws_a_published_run_and_falls_back_to_the_last_accepted_on
     assert published(services) == first
 
 
+def test_a_cancelled_rejection_keeps_no_next_steps_and_says_it_had_no_reason(
+    shrunk: tuple[Services, list[str], str],
+) -> None:
+    """A rejected run cancelled without a reason: its diagnosis, whose next steps (accept,
+    rerun) no longer apply to a cancelled run, is gone from status RUN and /status, and the
+    page says "no reason given" (it said "None")."""
+    services, _, run_id = shrunk
+    assert "next: " in cli("status", run_id)[1]  # the rejection's diagnosis
+    code, out = cli("cancel", run_id)
+    assert code == 0, out
+    assert verdict(services, run_id).state == "cancelled"
+    assert "next: " not in cli("status", run_id)[1]
+    page = status_page(services)
+    row = page.split(f"<b>{run_id}</b>")[1].split('<tr class="run"')[0]
+    assert "next: " not in row
+    assert "<b>cancel</b> at " in row
+    assert " UTC: no reason given</p>" in row
+    assert "None" not in row
+
+
 def test_cancel_stops_waiting_for_a_run_that_will_never_complete(
     web: Flask, services: Services, cloud: CloudState
 ) -> None:
