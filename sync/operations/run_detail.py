@@ -12,9 +12,9 @@ from sqlalchemy import select
 
 from sync.bootstrap import Services
 from sync.models import OperatorDecision, OutboxEvent, PartitionVerdict, Run
+from sync.operations import triage
 from sync.operations.reasons import reason_detail
 from sync.runs import publication, verdict_rows
-from sync.states import RunState
 
 
 def run_detail(services: Services, run_id: str) -> dict[str, Any] | None:
@@ -75,12 +75,12 @@ def run_detail(services: Services, run_id: str) -> dict[str, Any] | None:
 
 
 def _standing(values: dict[str, Any]) -> str:
-    """Whether readers get the run: the dataset's published run, or one a later run replaced."""
+    """Whether readers get the run: the dataset's published run, or one no longer published
+    (as the status table tells them apart, :func:`sync.operations.triage.standing`)."""
     if values["published"]:
         return " (the dataset's published run)"
-    if values["state"] == RunState.PUBLISHED:
-        return " (previously published: a later run replaced it)"
-    return ""
+    shown = triage.standing(values["state"], current=False)
+    return f" ({shown})" if shown != values["state"] else ""
 
 
 def detail_text(values: dict[str, Any]) -> str:

@@ -242,6 +242,13 @@ def _last_of_each(session: Session, query: Any, column: Any, dataset: str | None
     return {row.dataset: row for row in session.execute(query).scalars()}
 
 
+def _since(publication: Publication) -> str | None:
+    """What a publication's counts are counted from: the run published before it, or "its last
+    publication" when it published the same run again (Cloud's "Continue")."""
+    previous = (publication.changes or {}).get("previous_run_id")
+    return "its last publication" if previous == publication.run_id else previous
+
+
 def _publications(session: Session, dataset: str | None = None) -> list[dict[str, Any]]:
     """Each dataset's (or ``dataset``'s) last publication and what it changed for readers."""
     query = select(Publication).order_by(Publication.id)
@@ -253,6 +260,7 @@ def _publications(session: Session, dataset: str | None = None) -> list[dict[str
             "current": p.is_current,
             "published_at": _iso(p.published_at),
             "changes": change_counts(p.changes),
+            "since": _since(p),
         }
         for name, p in sorted(last.items())
     ]

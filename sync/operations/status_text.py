@@ -5,19 +5,15 @@ from __future__ import annotations
 from typing import Any
 
 
-def changes_text(changes: dict[str, Any] | None, run_id: str) -> str:
-    """A publication of ``run_id``: its change counts in words, ``3 added, 2 removed, 4 changed
-    since R`` (``since its last publication`` when it published the same run again, as after
-    Cloud's "Continue")."""
+def changes_text(changes: dict[str, Any] | None, since: str | None) -> str:
+    """A publication's change counts in words: ``3 added, 2 removed, 4 changed since R``
+    (``since``: what they are counted from, see :func:`sync.operations.status._since`)."""
     if changes is None:
         return "change counts not kept"
     if changes["baseline"]:
         return f"first publication, a baseline of {changes['added']} entities"
     counts = f"{changes['added']} added, {changes['removed']} removed, {changes['changed']} changed"
-    previous = changes["previous_run_id"]
-    if not previous:
-        return counts
-    return f"{counts} since {'its last publication' if previous == run_id else previous}"
+    return f"{counts} since {since}" if since else counts
 
 
 def duration(seconds: float | None) -> str:
@@ -40,7 +36,7 @@ def format_table(values: dict[str, Any]) -> str:
         lines.append("")
     for p in values["publications"]:
         state = "published" if p["current"] else "withdrawn"
-        said = changes_text(p["changes"], p["run_id"])
+        said = changes_text(p["changes"], p["since"])
         lines.append(f"{p['dataset']}: {state} {p['run_id']} ({said})")
     for r in values.get("baseline_resets") or []:
         lines.append(
